@@ -1,0 +1,12 @@
+"""REST routes under /api/v1/."""
+
+from rest_framework.routers import DefaultRouter
+
+from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
+
+router = DefaultRouter()
+router.register("records", RecordViewSet, basename="record")
+router.register("kinds", KindViewSet, basename="kind")
+router.register("orphans", OrphanViewSet, basename="orphan")
+
+urlpatterns = router.urls

@@ -1,0 +1,96 @@
+"""Reachability checks for the stores Graphene depends on.
+
+Used by ``/readyz`` and by the ``graphene`` command's pre-flight, which turns a failure into
+a one-line error naming the setting to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    setting: str
+    ok: bool
+    detail: str
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def check_database() -> Check:
+    from django.db import connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:  # any driver error means "not ready"
+        return Check("database", "GRAPHENE_DATABASE_URL", False, _first_line(exc))
+    return Check("database", "GRAPHENE_DATABASE_URL", True, connection.vendor)
+
+
+def check_broker(timeout: float = 3.0) -> Check:
+    from graphene_project.celery import app
+
+    url = settings.CELERY_BROKER_URL
+    if url.startswith("memory://"):
+        return Check("broker", "GRAPHENE_BROKER_URL", True, "in-process (embedded)")
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=int(timeout))
+    except Exception as exc:
+        return Check("broker", "GRAPHENE_BROKER_URL", False, f"{redact(url)}: {_first_line(exc)}")
+    return Check("broker", "GRAPHENE_BROKER_URL", True, redact(url))
+
+
+def check_channel_layer(timeout: float = 3.0) -> Check:
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return Check("channel_layer", "GRAPHENE_CHANNEL_LAYER_URL", False, "no channel layer configured")
+
+    async def roundtrip() -> None:
+        channel = await layer.new_channel()
+        token = uuid.uuid4().hex
+        await layer.send(channel, {"type": "graphene.ping", "token": token})
+        message = await layer.receive(channel)
+        if message.get("token") != token:
+            raise RuntimeError("channel layer returned a different message")
+
+    try:
+        asyncio.run(asyncio.wait_for(roundtrip(), timeout))
+    except Exception as exc:
+        return Check("channel_layer", "GRAPHENE_CHANNEL_LAYER_URL", False, _first_line(exc) or "timed out")
+    finally:
+        # channels_redis keeps pools per event loop; drop the one asyncio.run just closed.
+        close = getattr(layer, "close_pools", None)
+        if close is not None:
+            # A failed close must not turn a passing check into a failure.
+            with contextlib.suppress(Exception):
+                asyncio.run(close())
+    return Check("channel_layer", "GRAPHENE_CHANNEL_LAYER_URL", True, type(layer).__name__)
+
+
+def run_all() -> list[Check]:
+    return [check_database(), check_broker(), check_channel_layer()]

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.records.choices import Phase
+from apps.records.models import Event, Record
+
+
+class RecordOutput(serializers.ModelSerializer):
+    owner = serializers.UUIDField(source="parent_id", allow_null=True, read_only=True)
+    created_by_run = serializers.UUIDField(source="created_by_run_id", allow_null=True, read_only=True)
+
+    class Meta:
+        model = Record
+        fields = [
+            "id",
+            "kind",
+            "name",
+            "namespace",
+            "owner",
+            "phase",
+            "spec",
+            "outputs",
+            "conditions",
+            "labels",
+            "expires_at",
+            "deletion_requested_at",
+            "deleted_at",
+            "generation",
+            "observed_generation",
+            "attempts",
+            "last_error",
+            "created_by_run",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class OwnerRef(serializers.Serializer):
+    id = serializers.UUIDField()
+    kind = serializers.CharField()
+    name = serializers.CharField()
+
+
+class RecordDetailOutput(RecordOutput):
+    owner_chain = serializers.SerializerMethodField()
+    children = serializers.SerializerMethodField()
+
+    class Meta(RecordOutput.Meta):
+        fields = [*RecordOutput.Meta.fields, "owner_chain", "children"]
+        read_only_fields = fields
+
+    def get_owner_chain(self, obj: Record) -> list[dict[str, Any]]:
+        return [{"id": str(r.pk), "kind": r.kind, "name": r.name} for r in self.context["owner_chain"]]
+
+    def get_children(self, obj: Record) -> dict[str, int]:
+        counts: dict[str, int] = self.context["children"]
+        return {"total": sum(counts.values()), **counts}
+
+
+class RecordApplyInput(serializers.Serializer):
+    kind = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=253)
+    owner = serializers.JSONField(required=False, allow_null=True, help_text="id of the owning record")
+    spec = serializers.JSONField(required=False, default=dict)
+    labels = serializers.JSONField(required=False, default=dict)
+    namespace = serializers.CharField(max_length=63, required=False, default="default")
+    ttl_seconds = serializers.IntegerField(required=False, min_value=1, allow_null=True)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+    def validate_owner(self, value: Any) -> Any:
+        if isinstance(value, list):
+            raise serializers.ValidationError(
+                "a record has exactly one owner; pass a single record id (give it away later with transfer)"
+            )
+        if value is not None and not isinstance(value, str):
+            raise serializers.ValidationError("must be a record id")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("ttl_seconds") and attrs.get("expires_at"):
+            raise serializers.ValidationError({"ttl_seconds": ["pass ttl_seconds or expires_at, not both"]})
+        return attrs
+
+
+class TransferInput(serializers.Serializer):
+    to = serializers.UUIDField(help_text="id of the new owner")
+    from_ = serializers.UUIDField(required=False, help_text="the current owner, giving the record away")
+    ttl_seconds = serializers.IntegerField(required=False, min_value=1)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return fields
+
+
+class ExtendInput(serializers.Serializer):
+    by_seconds = serializers.IntegerField(min_value=1, help_text="push the deadline this much further")
+
+
+class EventOutput(serializers.ModelSerializer):
+    record = serializers.UUIDField(source="record_id", read_only=True)
+    actor = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Event
+        fields = ["id", "record", "type", "reason", "message", "data", "actor", "created_at"]
+        read_only_fields = fields
+
+    def get_actor(self, obj: Event) -> str | None:
+        return obj.actor.get_username() if obj.actor_id and obj.actor else None
+
+
+class KindOutput(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    spec_schema = serializers.JSONField()
+    drift_interval_seconds = serializers.IntegerField()
+
+
+class TreeNode(serializers.Serializer):
+    id = serializers.UUIDField()
+    kind = serializers.CharField()
+    name = serializers.CharField()
+    phase = serializers.ChoiceField(choices=Phase.choices)
+    expires_at = serializers.DateTimeField(allow_null=True)
+    children = serializers.ListField(child=serializers.DictField())
+    truncated = serializers.BooleanField(help_text="deeper descendants exist beyond the requested depth")

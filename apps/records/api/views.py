@@ -1,0 +1,309 @@
+"""Records over REST: thin views — input serializer, selector, one service call, output."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.api.pagination import NewestFirst, OldestFirstById
+from apps.core.errors import NotFound, ValidationFailed
+from apps.records import selectors, services
+from apps.records.api.serializers import (
+    EventOutput,
+    ExtendInput,
+    KindOutput,
+    RecordApplyInput,
+    RecordDetailOutput,
+    RecordOutput,
+    TransferInput,
+    TreeNode,
+)
+from apps.records.choices import ROOT_KINDS, EventType, Phase
+from apps.records.models import Record
+from kinds import UnknownKind, get_kind, registry
+
+MAX_WAIT_SECONDS = 300
+MAX_TREE_DEPTH = 10
+
+
+def _datetime_param(request: Request, name: str) -> Any:
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    value = parse_datetime(raw)
+    if value is None:
+        raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, dt.UTC)
+    return value
+
+
+def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationFailed(f"{name}={raw!r} is not an integer", fields={name: ["not an integer"]}) from None
+    if not lo <= value <= hi:
+        raise ValidationFailed(f"{name} must be between {lo} and {hi}", fields={name: [f"between {lo} and {hi}"]})
+    return value
+
+
+def _detail(record: Record) -> dict[str, Any]:
+    context = {
+        "owner_chain": selectors.record_owner_chain(record=record),
+        "children": selectors.record_children_counts(record=record),
+    }
+    return dict(RecordDetailOutput(record, context=context).data)
+
+
+LIST_PARAMS = [
+    OpenApiParameter("kind", str, description="exact kind, e.g. file"),
+    OpenApiParameter("phase", str, description="comma-separated phases"),
+    OpenApiParameter("owner", str, description="direct owner's id"),
+    OpenApiParameter("label", str, many=True, description="k=v (repeatable; all must match)"),
+    OpenApiParameter("name_prefix", str),
+    OpenApiParameter("created_after", str),
+    OpenApiParameter("created_before", str),
+    OpenApiParameter("updated_after", str),
+    OpenApiParameter("updated_before", str),
+]
+
+
+class RecordViewSet(viewsets.GenericViewSet):
+    """Records: list with selectors, get, tree, events, apply, delete, transfer, extend."""
+
+    serializer_class = RecordOutput
+    pagination_class = NewestFirst
+    queryset = Record.objects.none()
+
+    @extend_schema(parameters=LIST_PARAMS, responses=RecordOutput(many=True))
+    def list(self, request: Request) -> Response:
+        params = request.query_params
+        phases = [p for p in params.get("phase", "").split(",") if p]
+        owner = params.get("owner")
+        if owner:
+            owner = str(selectors.record_get(user=request.user, record_id=owner).pk)
+        qs = selectors.record_list(
+            user=request.user,
+            kind=params.get("kind"),
+            phases=phases,
+            owner=owner,
+            labels=selectors.parse_label_selector(params.getlist("label")),
+            name_prefix=params.get("name_prefix"),
+            created_after=_datetime_param(request, "created_after"),
+            created_before=_datetime_param(request, "created_before"),
+            updated_after=_datetime_param(request, "updated_after"),
+            updated_before=_datetime_param(request, "updated_before"),
+        )
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(RecordOutput(page, many=True).data)
+
+    @extend_schema(responses=RecordDetailOutput)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(_detail(selectors.record_get(user=request.user, record_id=pk)))
+
+    @extend_schema(request=RecordApplyInput, responses={201: RecordDetailOutput, 200: RecordDetailOutput})
+    def create(self, request: Request) -> Response:
+        """Apply: declare a record of a kind with a spec under an owner (or create a stand root)."""
+        data = RecordApplyInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        expires_at = v.get("expires_at")
+        if v.get("ttl_seconds"):
+            expires_at = timezone.now() + timedelta(seconds=v["ttl_seconds"])
+        if v["kind"] in ROOT_KINDS:
+            if v["kind"] != "graphene.stand" or v.get("owner"):
+                raise ValidationFailed(
+                    f"{v['kind']} records are roots created by Graphene itself; only graphene.stand roots "
+                    "can be created here, and they take no owner",
+                    fields={"kind": ["not creatable here"] if v["kind"] != "graphene.stand" else []}
+                    | ({"owner": ["a stand has no owner"]} if v.get("owner") else {}),
+                )
+            record = services.record_create_root(
+                kind=v["kind"],
+                name=v["name"],
+                spec=v["spec"],
+                labels=v["labels"],
+                namespace=v["namespace"],
+                actor=request.user,
+            )
+            return Response(_detail(record), status=status.HTTP_201_CREATED)
+        if not v.get("owner"):
+            raise ValidationFailed(
+                "owner is required: every record has exactly one owner (a run, a stand or another record)",
+                fields={"owner": ["this field is required"]},
+            )
+        owner = selectors.record_get(user=request.user, record_id=v["owner"])
+        before = (
+            Record.objects.filter(parent=owner, kind=v["kind"], name=v["name"]).exclude(phase=Phase.DELETED).first()
+        )
+        record = services.record_declare(
+            kind=v["kind"],
+            name=v["name"],
+            owner=owner,
+            spec=v["spec"],
+            labels=v["labels"],
+            expires_at=expires_at,
+            actor=request.user,
+        )
+        created = before is None
+        return Response(_detail(record), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("wait", bool, description="wait until the whole subtree is deleted"),
+            OpenApiParameter("timeout", int, description="seconds to wait (default 60, at most 300)"),
+        ],
+        responses={200: RecordDetailOutput, 202: RecordDetailOutput},
+    )
+    def destroy(self, request: Request, pk: str) -> Response:
+        """Delete the record and its subtree, children first. 202 while in progress, 200 when gone."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        record = services.record_delete_request(record=record, actor=request.user)
+        if request.query_params.get("wait", "").lower() in {"1", "true", "yes"}:
+            timeout = _int_param(request, "timeout", 60, 1, MAX_WAIT_SECONDS)
+            deadline = time.monotonic() + timeout
+            while record.phase != Phase.DELETED and time.monotonic() < deadline:
+                time.sleep(0.1)
+                record = Record.objects.get(pk=record.pk)
+        code = status.HTTP_200_OK if record.phase == Phase.DELETED else status.HTTP_202_ACCEPTED
+        return Response(_detail(record), status=code)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("depth", int, description="levels below the record (default 3, at most 10)")],
+        responses=TreeNode,
+    )
+    @action(detail=True, methods=["get"])
+    def tree(self, request: Request, pk: str) -> Response:
+        record = selectors.record_get(user=request.user, record_id=pk)
+        depth = _int_param(request, "depth", 3, 0, MAX_TREE_DEPTH)
+        nodes = selectors.record_subtree(record=record, depth=depth)
+        by_id: dict[Any, dict[str, Any]] = {}
+        root: dict[str, Any] = {}
+        for node in nodes:
+            item: dict[str, Any] = {
+                "id": str(node.pk),
+                "kind": node.kind,
+                "name": node.name,
+                "phase": node.phase,
+                "expires_at": node.expires_at.isoformat() if node.expires_at else None,
+                "children": [],
+                "truncated": node.level == record.level + depth and not node.is_leaf_node(),
+            }
+            by_id[node.pk] = item
+            if node.pk == record.pk:
+                root = item
+            elif node.parent_id in by_id:
+                by_id[node.parent_id]["children"].append(item)
+        return Response(root)
+
+    @extend_schema(responses=EventOutput(many=True))
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
+    def events(self, request: Request, pk: str) -> Response:
+        record = selectors.record_get(user=request.user, record_id=pk)
+        page = self.paginate_queryset(selectors.record_events(record=record))
+        return self.get_paginated_response(EventOutput(page, many=True).data)
+
+    @extend_schema(request=TransferInput, responses=RecordDetailOutput)
+    @action(detail=True, methods=["post"])
+    def transfer(self, request: Request, pk: str) -> Response:
+        """Give the record and its subtree to another owner, optionally with a new TTL."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        data = TransferInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        new_owner = selectors.record_get(user=request.user, record_id=v["to"])
+        given_by = selectors.record_get(user=request.user, record_id=v["from"]) if v.get("from") else None
+        ttl = v.get("ttl_seconds")
+        record = services.record_transfer(
+            record=record,
+            new_owner=new_owner,
+            given_by=given_by,
+            expires_at=timezone.now() + timedelta(seconds=ttl) if ttl else None,
+            actor=request.user,
+        )
+        return Response(_detail(record))
+
+    @extend_schema(request=ExtendInput, responses=RecordDetailOutput)
+    @action(detail=True, methods=["post"])
+    def extend(self, request: Request, pk: str) -> Response:
+        record = selectors.record_get(user=request.user, record_id=pk)
+        data = ExtendInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        by = timedelta(seconds=data.validated_data["by_seconds"])
+        return Response(_detail(services.record_extend(record=record, by=by, actor=request.user)))
+
+    @extend_schema(request=None, responses=RecordDetailOutput)
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str) -> Response:
+        """Remove the record's TTL."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        return Response(_detail(services.record_release(record=record, actor=request.user)))
+
+
+class KindViewSet(viewsets.ViewSet):
+    """The kind dictionary: every installed kind with its spec JSON Schema."""
+
+    lookup_value_regex = r"[^/]+"
+
+    @staticmethod
+    def _out(kind: Any) -> dict[str, Any]:
+        return {
+            "name": kind.name,
+            "description": kind.description,
+            "spec_schema": kind.spec_schema,
+            "drift_interval_seconds": int(kind.drift_interval.total_seconds()),
+        }
+
+    @extend_schema(responses=KindOutput(many=True))
+    def list(self, request: Request) -> Response:
+        return Response([self._out(k) for _, k in sorted(registry().items())])
+
+    @extend_schema(responses=KindOutput)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        try:
+            return Response(self._out(get_kind(pk)))
+        except UnknownKind as exc:
+            raise NotFound(str(exc)) from None
+
+
+class OrphanViewSet(viewsets.GenericViewSet):
+    """What the orphan sweeper found: external objects whose record was gone."""
+
+    pagination_class = OldestFirstById
+    serializer_class = EventOutput
+    queryset = Record.objects.none()
+
+    @extend_schema(responses=EventOutput(many=True))
+    def list(self, request: Request) -> Response:
+        sweeper = services.record_ensure_root(kind="graphene.sweeper", name=services.SWEEPER_NAME)
+        events = selectors.record_events(record=sweeper).filter(
+            type__in=[EventType.ORPHAN_DELETED, EventType.ORPHAN_DELETE_FAILED]
+        )
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(EventOutput(page, many=True).data)
+
+    @extend_schema(
+        request=None,
+        parameters=[OpenApiParameter("dry_run", bool, description="only list what would be deleted")],
+        responses={200: dict},
+    )
+    @action(detail=False, methods=["post"])
+    def sweep(self, request: Request) -> Response:
+        """Run the sweeper now (it also runs every 10 minutes)."""
+        dry_run = request.query_params.get("dry_run", "").lower() in {"1", "true", "yes"}
+        findings = services.records_sweep(dry_run=dry_run)
+        return Response({"dry_run": dry_run, "found": len(findings), "orphans": findings})

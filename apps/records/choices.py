@@ -1,0 +1,65 @@
+"""Record phases and the legal moves between them."""
+
+from django.db import models
+
+
+class Phase(models.TextChoices):
+    # Committed, nothing touched outside yet (invariant I1); convergence is enqueued on commit.
+    PENDING = "pending", "Pending"
+    # The kind's create (adopt-or-create) is running or will be retried after a failure.
+    CREATING = "creating", "Creating"
+    # The external object exists and matched the spec when last observed.
+    READY = "ready", "Ready"
+    # Create gave up (a permanent error or retries exhausted); nothing is retried until asked.
+    CREATE_FAILED = "create_failed", "Create failed"
+    # Observation found the object differs from the spec, or is gone, and policy is to report.
+    DRIFTED = "drifted", "Drifted"
+    # A new generation of the spec is being applied to the existing object.
+    UPDATING = "updating", "Updating"
+    # Deletion was requested and the kind's delete is running (children are already gone).
+    DELETING = "deleting", "Deleting"
+    # The kind's delete failed; a retry with backoff is scheduled. Never dropped (I6).
+    DELETE_FAILED = "delete_failed", "Delete failed"
+    # Tombstone: the kind confirmed the object is gone. Kept, with its events, until purged.
+    DELETED = "deleted", "Deleted"
+
+
+TERMINAL = frozenset({Phase.DELETED})
+
+# Phases in which the external object may exist and must be deleted before the record is gone.
+LIVE = frozenset(set(Phase) - TERMINAL)
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    Phase.PENDING: frozenset({Phase.CREATING, Phase.DELETING}),
+    Phase.CREATING: frozenset({Phase.CREATING, Phase.READY, Phase.CREATE_FAILED, Phase.DELETING}),
+    Phase.READY: frozenset({Phase.DRIFTED, Phase.UPDATING, Phase.CREATING, Phase.DELETING}),
+    Phase.CREATE_FAILED: frozenset({Phase.CREATING, Phase.DELETING}),
+    Phase.DRIFTED: frozenset({Phase.READY, Phase.UPDATING, Phase.CREATING, Phase.DELETING}),
+    Phase.UPDATING: frozenset({Phase.READY, Phase.CREATE_FAILED, Phase.DRIFTED, Phase.DELETING}),
+    Phase.DELETING: frozenset({Phase.DELETED, Phase.DELETE_FAILED}),
+    Phase.DELETE_FAILED: frozenset({Phase.DELETING}),
+    Phase.DELETED: frozenset(),
+}
+
+# Kinds that are roots of their own trees (I2): nothing owns them.
+ROOT_KINDS = frozenset({"graphene.run", "graphene.stand", "graphene.sweeper"})
+
+
+class EventType(models.TextChoices):
+    # The record was declared (inserted in phase pending).
+    DECLARED = "declared", "Declared"
+    # The phase changed; ``data`` holds ``from`` and ``to``.
+    PHASE_CHANGED = "phase_changed", "Phase changed"
+    # A create or delete attempt failed; ``data`` holds the attempt number and next retry.
+    ERROR = "error", "Error"
+    # Deletion of the subtree rooted here was requested (by a user, an owner's death or TTL).
+    DELETION_REQUESTED = "deletion_requested", "Deletion requested"
+    # The record was given to a new owner (event on the record and on both owners).
+    TRANSFERRED_OUT = "transferred_out", "Transferred out"
+    TRANSFERRED_IN = "transferred_in", "Transferred in"
+    # The lifetime changed: extended, released (no TTL) or expired.
+    TTL_CHANGED = "ttl_changed", "TTL changed"
+    EXPIRED = "expired", "Expired"
+    # The sweeper found an external object whose record is gone, and deleted it.
+    ORPHAN_DELETED = "orphan_deleted", "Orphan deleted"
+    ORPHAN_DELETE_FAILED = "orphan_delete_failed", "Orphan delete failed"

@@ -1,0 +1,121 @@
+"""Records: the durable account of everything Graphene creates, as ownership trees."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+from mptt.managers import TreeManager
+from mptt.models import MPTTModel, TreeForeignKey
+
+from apps.core.models import TimeStampedModel
+from apps.records.choices import ROOT_KINDS, EventType, Phase
+
+
+class Record(MPTTModel, TimeStampedModel):
+    """One resource (or a run, stand or sweeper, which are the roots) and its lifecycle.
+
+    The tree is the ownership: ``parent`` is the one owner. Each root owns a separate mptt
+    tree (its own ``tree_id``), so inserting into one run's tree never shifts rows of another
+    tree and the cost of a declaration does not grow with the installation.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=200)
+    name = models.CharField(max_length=253)
+    namespace = models.CharField(max_length=63, default="default")
+    spec = models.JSONField(default=dict, blank=True)
+    outputs = models.JSONField(default=dict, blank=True)
+    phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.PENDING)
+    conditions = models.JSONField(default=list, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    # The owner. CASCADE only serves the tombstone purge; the domain deletes through phases.
+    parent = TreeForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
+    created_by_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    deletion_requested_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    generation = models.PositiveIntegerField(default=1)
+    observed_generation = models.PositiveIntegerField(default=0)
+    # Consecutive failed attempts of the current operation, for backoff; reset on success.
+    attempts = models.PositiveIntegerField(default=0)
+    # When the reconciler should look at this record again if no task did (lost message).
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    objects = TreeManager()
+
+    class MPTTMeta:
+        order_insertion_by: list[str] = []
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tree_id", "lft"], name="record_tree_lft"),
+            models.Index(fields=["kind", "phase"], name="record_kind_phase"),
+            models.Index(fields=["created_at"], name="record_created"),
+            # TTL sweep: only live records with a deadline are in this index.
+            models.Index(
+                fields=["expires_at"],
+                name="record_expiring",
+                condition=Q(expires_at__isnull=False) & Q(deletion_requested_at__isnull=True),
+            ),
+            # Reconciler: records whose work is due (retries, lost messages).
+            models.Index(fields=["next_attempt_at"], name="record_due", condition=Q(next_attempt_at__isnull=False)),
+            # Tombstone purge.
+            models.Index(fields=["deleted_at"], name="record_tombstone", condition=Q(deleted_at__isnull=False)),
+        ]
+        constraints = [
+            # One live record per (owner, kind, name): a re-declaration adopts the existing one.
+            models.UniqueConstraint(
+                fields=["parent", "kind", "name"],
+                condition=~Q(phase=Phase.DELETED) & Q(parent__isnull=False),
+                name="record_unique_live_child",
+            ),
+            models.UniqueConstraint(
+                fields=["kind", "namespace", "name"],
+                condition=~Q(phase=Phase.DELETED) & Q(parent__isnull=True) & ~Q(kind="graphene.run"),
+                name="record_unique_live_root",
+            ),
+            models.CheckConstraint(
+                condition=Q(parent__isnull=False) | Q(kind__in=sorted(ROOT_KINDS)),
+                name="record_owner_required",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+    def clean(self) -> None:
+        if self.parent_id is None and self.kind not in ROOT_KINDS:
+            raise ValidationError({"parent": f"a {self.kind} record needs an owner"})
+        if self.parent_id is not None and self.kind in ROOT_KINDS:
+            raise ValidationError({"parent": f"{self.kind} records are roots and cannot be owned"})
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent_id is None
+
+
+class Event(models.Model):
+    """Append-only history of a record: phase changes, errors, transfers, user actions."""
+
+    id = models.BigAutoField(primary_key=True)
+    record = models.ForeignKey(Record, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=40, choices=EventType.choices)
+    reason = models.CharField(max_length=80, blank=True)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["record", "id"], name="event_record_id")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.reason}"

@@ -1,0 +1,113 @@
+"""Reads of records and events. Every read goes through ``record_visible``, the one place
+that decides what a user may see (all authenticated users see all records for now;
+namespaces will narrow it here and nowhere else)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Count, Q, QuerySet
+
+from apps.core.errors import NotFound, ValidationFailed
+from apps.records.choices import Phase
+from apps.records.models import Event, Record
+
+User = AbstractBaseUser | AnonymousUser
+
+
+def record_visible(*, user: User) -> QuerySet[Record]:
+    if not user.is_authenticated:
+        return Record.objects.none()
+    return Record.objects.all()
+
+
+def record_get(*, user: User, record_id: Any) -> Record:
+    try:
+        pk = uuid.UUID(str(record_id))
+    except ValueError:
+        raise NotFound(f"no record {record_id!r}: record ids are UUIDs") from None
+    try:
+        return record_visible(user=user).get(pk=pk)
+    except Record.DoesNotExist:
+        raise NotFound(f"no record {record_id}") from None
+
+
+def parse_label_selector(values: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for value in values:
+        for part in value.split(","):
+            if not part:
+                continue
+            key, sep, val = part.partition("=")
+            if not sep or not key:
+                raise ValidationFailed(f"label selector {part!r} must look like key=value", fields={"label": [part]})
+            labels[key] = val
+    return labels
+
+
+def record_list(
+    *,
+    user: User,
+    kind: str | None = None,
+    phases: list[str] | None = None,
+    owner: Any = None,
+    labels: dict[str, str] | None = None,
+    name_prefix: str | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    updated_after: datetime | None = None,
+    updated_before: datetime | None = None,
+    include_deleted: bool = True,
+) -> QuerySet[Record]:
+    qs = record_visible(user=user)
+    if kind:
+        qs = qs.filter(kind=kind)
+    if phases:
+        unknown = sorted(set(phases) - set(Phase.values))
+        if unknown:
+            raise ValidationFailed(f"unknown phase {unknown}; phases are {Phase.values}", fields={"phase": unknown})
+        qs = qs.filter(phase__in=phases)
+    elif not include_deleted:
+        qs = qs.exclude(phase=Phase.DELETED)
+    if owner:
+        qs = qs.filter(parent_id=owner)
+    if labels:
+        qs = qs.filter(labels__contains=labels)
+    if name_prefix:
+        qs = qs.filter(name__startswith=name_prefix)
+    if created_after:
+        qs = qs.filter(created_at__gte=created_after)
+    if created_before:
+        qs = qs.filter(created_at__lt=created_before)
+    if updated_after:
+        qs = qs.filter(updated_at__gte=updated_after)
+    if updated_before:
+        qs = qs.filter(updated_at__lt=updated_before)
+    return qs
+
+
+def record_owner_chain(*, record: Record) -> list[Record]:
+    """Owners from the root down to the direct owner (one query on the tree columns)."""
+    return list(record.get_ancestors())
+
+
+def record_children_counts(*, record: Record) -> dict[str, int]:
+    """Direct children by phase."""
+    rows = Record.objects.filter(parent=record).values("phase").annotate(n=Count("pk"))
+    return {row["phase"]: row["n"] for row in rows}
+
+
+def record_subtree(*, record: Record, depth: int) -> list[Record]:
+    """The record and its descendants down to ``depth`` levels, in tree order."""
+    return list(
+        Record.objects.filter(
+            Q(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght, level__lte=record.level + depth)
+        ).order_by("lft")
+    )
+
+
+def record_events(*, record: Record) -> QuerySet[Event]:
+    return Event.objects.filter(record=record).select_related("actor").order_by("id")

@@ -1,0 +1,915 @@
+"""Every write to records: declaration, phase transitions, convergence, cascade deletion,
+TTL, transfer, purge and the orphan sweep.
+
+Rules kept here (see DESIGN.md, invariants I1-I4, I6):
+
+* A record row is committed in phase ``pending`` before its kind touches the outside; its
+  convergence is enqueued on commit (I1).
+* Every phase change goes through ``_transition``, which checks ``TRANSITIONS`` and writes a
+  ``phase_changed`` event in the same transaction.
+* Tree shape (mptt ``lft``/``rght``) changes only with the tree's root row locked, and record
+  rows are only ever written with ``QuerySet.update`` (a model ``save()`` would write back
+  stale tree columns).
+* Deletion of a subtree goes children first: the deletable frontier (live records with no
+  live children) is deleted in batches of siblings; finishing a batch enqueues the parents
+  that have become childless. Independent branches proceed in parallel on all workers.
+* A failed delete is retried with exponential backoff forever; the record stays visible in
+  ``delete_failed`` with an ``error`` event per failure (I6).
+* Create and delete of one record never overlap: both hold the record's operation lock
+  (a PostgreSQL advisory lock), so a delete waits for an in-flight create and then removes
+  what it made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import jsonschema
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from apps.core.errors import Conflict, GrapheneError, ValidationFailed
+from apps.core.events import publish_on_commit
+from apps.records.choices import ROOT_KINDS, TRANSITIONS, EventType, Phase
+from apps.records.models import Event, Record
+from kinds import Kind, PermanentError, UnknownKind, get_kind
+
+logger = logging.getLogger(__name__)
+
+Actor = AbstractBaseUser | AnonymousUser | None
+
+# Phases in which a create may be running, so a delete must wait for the operation lock.
+_CREATE_IN_FLIGHT = frozenset({Phase.PENDING, Phase.CREATING, Phase.UPDATING})
+# Phases that convergence works on.
+_CONVERGIBLE = frozenset({Phase.PENDING, Phase.CREATING, Phase.UPDATING})
+
+
+class IllegalTransition(GrapheneError):
+    code = "illegal_transition"
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _actor_id(actor: Actor) -> Any:
+    return actor.pk if actor is not None and actor.is_authenticated else None
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=settings.GRAPHENE_OPERATION_LEASE_SECONDS)
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Exponential backoff with 10 % jitter: base, 2·base, 4·base … capped."""
+    base = settings.GRAPHENE_RETRY_BASE_SECONDS * (2 ** max(attempt - 1, 0))
+    delay: float = min(base, settings.GRAPHENE_RETRY_MAX_SECONDS)
+    return delay * random.uniform(0.9, 1.1)  # noqa: S311 - jitter, not crypto
+
+
+def _event(
+    record_id: Any,
+    type: str,
+    *,
+    reason: str = "",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
+    at: datetime | None = None,
+) -> Event:
+    return Event(
+        record_id=record_id,
+        type=type,
+        reason=reason,
+        message=message,
+        data=data or {},
+        actor_id=_actor_id(actor),
+        created_at=at or timezone.now(),
+    )
+
+
+def _notify(ids: Iterable[Any]) -> None:
+    """Tell watchers (Studio, CLI) which records changed; they re-fetch over REST."""
+    id_list = [str(i) for i in ids]
+    if id_list:
+        publish_on_commit("records", {"event": "records.changed", "ids": id_list})
+
+
+def _lock_tree(tree_id: int) -> None:
+    """Serialize changes to one tree's shape by locking its root row."""
+    list(
+        Record.objects.select_for_update(no_key=True)
+        .filter(tree_id=tree_id, parent__isnull=True)
+        .values_list("pk", flat=True)
+    )
+
+
+def _lock_rows(ids: Iterable[Any]) -> None:
+    """Lock rows in a consistent order (by primary key) so concurrent batches cannot deadlock."""
+    list(Record.objects.select_for_update(no_key=True).filter(pk__in=list(ids)).order_by("pk").values_list("pk"))
+
+
+def _transition(
+    records: Sequence[Record],
+    to: str,
+    *,
+    reason: str,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
+    fields: dict[str, Any] | None = None,
+) -> None:
+    """Move locked ``records`` to phase ``to``; one event each, same transaction.
+
+    The caller holds the rows' locks inside ``transaction.atomic``.
+    """
+    if not records:
+        return
+    now = timezone.now()
+    events = []
+    for record in records:
+        if to not in TRANSITIONS[record.phase]:
+            raise IllegalTransition(f"{record} cannot go from {record.phase} to {to}")
+        events.append(
+            _event(
+                record.pk,
+                EventType.PHASE_CHANGED,
+                reason=reason,
+                message=message,
+                data={"from": record.phase, "to": to, **(data or {})},
+                actor=actor,
+                at=now,
+            )
+        )
+        record.phase = to
+        for name, value in (fields or {}).items():
+            setattr(record, name, value)
+    Record.objects.filter(pk__in=[r.pk for r in records]).update(phase=to, updated_at=now, **(fields or {}))
+    Event.objects.bulk_create(events)
+    _notify(r.pk for r in records)
+
+
+_local_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_local_locks_guard = threading.Lock()
+
+
+@contextmanager
+def operation_lock(record_id: Any) -> Iterator[None]:
+    """Hold the record's operation lock: create and delete of one record never overlap.
+
+    PostgreSQL: a session advisory lock, released if the worker dies (its connection closes).
+    SQLite (embedded, one process): a process-local lock.
+    """
+    if connection.vendor == "postgresql":
+        key = int.from_bytes(hashlib.blake2b(str(record_id).encode(), digest_size=8).digest(), "big", signed=True)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [key])
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+    else:
+        with _local_locks_guard:
+            lock = _local_locks[str(record_id)]
+        with lock:
+            yield
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def kind_resolve(name: str) -> Kind:
+    try:
+        return get_kind(name)
+    except UnknownKind as exc:
+        raise ValidationFailed(str(exc), fields={"kind": [str(exc)]}) from None
+
+
+def spec_validate(kind: Kind, spec: Any) -> dict[str, Any]:
+    """Check ``spec`` against the kind's JSON Schema; all violations, by field path."""
+    if not isinstance(spec, dict):
+        raise ValidationFailed("spec must be a JSON object", fields={"spec": ["must be a JSON object"]})
+    validator = jsonschema.Draft202012Validator(kind.spec_schema)
+    errors: dict[str, list[str]] = defaultdict(list)
+    for error in sorted(validator.iter_errors(spec), key=lambda e: list(e.absolute_path)):
+        path = ".".join(str(p) for p in ["spec", *error.absolute_path])
+        errors[path].append(error.message)
+    if errors:
+        summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items())
+        raise ValidationFailed(f"spec does not match kind {kind.name}: {summary}", fields=dict(errors))
+    return spec
+
+
+def labels_validate(labels: Any) -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise ValidationFailed("labels must map strings to strings", fields={"labels": ["must map strings to strings"]})
+    bad = [k for k in labels if not k or len(k) > 63 or "=" in k or "," in k]
+    if bad:
+        raise ValidationFailed(
+            f"invalid label keys {bad}: 1-63 characters, no '=' or ','", fields={"labels": [f"invalid keys {bad}"]}
+        )
+    return labels
+
+
+# --- creation ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def record_create_root(
+    *,
+    kind: str,
+    name: str,
+    spec: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    namespace: str = "default",
+    actor: Actor = None,
+    phase: str = Phase.READY,
+) -> Record:
+    """Create a root (a run, a stand or the sweeper): the top of a new, separate tree."""
+    if kind not in ROOT_KINDS:
+        raise ValidationFailed(f"{kind} is not a root kind", fields={"kind": [f"roots are {sorted(ROOT_KINDS)}"]})
+    if connection.vendor == "postgresql":
+        # mptt numbers a new tree max(tree_id)+1: serialize root creation so two roots never
+        # share a tree. The lock is held to the end of this short transaction.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x6772617068656E65])  # "graphene"
+    if (
+        kind != "graphene.run"
+        and Record.objects.filter(kind=kind, namespace=namespace, name=name, parent__isnull=True)
+        .exclude(phase=Phase.DELETED)
+        .exists()
+    ):
+        raise Conflict(f"a live {kind} named {name!r} already exists")
+    record = Record(
+        kind=kind,
+        name=name,
+        namespace=namespace,
+        spec=spec or {},
+        labels=labels_validate(labels),
+        phase=phase,
+        observed_generation=1,
+    )
+    record.save(force_insert=True)  # a new root: mptt gives it the next tree id
+    Event.objects.create(**_event_kwargs(record.pk, EventType.DECLARED, reason="Created", actor=actor))
+    _notify([record.pk])
+    return record
+
+
+def record_ensure_root(*, kind: str, name: str, namespace: str = "default") -> Record:
+    """The live root of that kind and name, created if missing (stands, the sweeper)."""
+    existing = (
+        Record.objects.filter(kind=kind, namespace=namespace, name=name, parent__isnull=True)
+        .exclude(phase=Phase.DELETED)
+        .first()
+    )
+    if existing is not None:
+        return existing
+    try:
+        return record_create_root(kind=kind, name=name, namespace=namespace)
+    except Conflict:
+        return (
+            Record.objects.filter(kind=kind, namespace=namespace, name=name, parent__isnull=True)
+            .exclude(phase=Phase.DELETED)
+            .get()
+        )
+
+
+def _event_kwargs(record_id: Any, type: str, **kwargs: Any) -> dict[str, Any]:
+    event = _event(record_id, type, **kwargs)
+    return {f.attname: getattr(event, f.attname) for f in Event._meta.concrete_fields if f.attname != "id"}
+
+
+def _owner_check_alive(owner: Record) -> None:
+    if owner.phase == Phase.DELETED or owner.deletion_requested_at is not None:
+        raise Conflict(f"owner {owner} ({owner.pk}) is being deleted; it cannot own new records")
+
+
+def record_declare(
+    *,
+    kind: str,
+    name: str,
+    owner: Record,
+    spec: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    expires_at: datetime | None = None,
+    actor: Actor = None,
+) -> Record:
+    """Declare a record under ``owner``: committed in ``pending``, convergence enqueued on commit.
+
+    Re-declaring the same (owner, kind, name) with the same spec returns the existing record;
+    with a different spec it becomes the next generation and re-converges.
+    """
+    kind_obj = kind_resolve(kind)
+    if kind in ROOT_KINDS:
+        raise ValidationFailed(f"{kind} records are roots and cannot be owned", fields={"kind": ["is a root kind"]})
+    if not name or len(name) > 253:
+        raise ValidationFailed("name must be 1-253 characters", fields={"name": ["must be 1-253 characters"]})
+    spec = spec_validate(kind_obj, {} if spec is None else spec)
+    labels = labels_validate(labels)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("expires_at is in the past", fields={"expires_at": ["must be in the future"]})
+    with transaction.atomic():
+        _lock_tree(owner.tree_id)
+        owner = Record.objects.get(pk=owner.pk)  # fresh tree columns, under the lock
+        _owner_check_alive(owner)
+        existing = Record.objects.filter(parent=owner, kind=kind, name=name).exclude(phase=Phase.DELETED).first()
+        if existing is not None:
+            return _redeclare(existing, spec=spec, labels=labels, actor=actor)
+        now = timezone.now()
+        record = Record(
+            kind=kind,
+            name=name,
+            namespace=owner.namespace,
+            spec=spec,
+            labels=labels,
+            parent=owner,
+            created_by_run_id=owner.pk if owner.kind == "graphene.run" else owner.created_by_run_id,
+            expires_at=expires_at,
+            phase=Phase.PENDING,
+            next_attempt_at=now + _lease(),
+        )
+        record.save(force_insert=True)  # mptt places it as the owner's last child
+        Event.objects.create(
+            **_event_kwargs(
+                record.pk,
+                EventType.DECLARED,
+                reason="Declared",
+                data={"owner": str(owner.pk), "generation": 1},
+                actor=actor,
+                at=now,
+            )
+        )
+        _notify([record.pk])
+        _enqueue_converge_on_commit(record.pk)
+    return record
+
+
+def _redeclare(existing: Record, *, spec: dict[str, Any], labels: dict[str, str], actor: Actor) -> Record:
+    if existing.spec == spec and existing.labels == labels:
+        return existing
+    record = Record.objects.select_for_update(no_key=True).get(pk=existing.pk)
+    if record.deletion_requested_at is not None:
+        raise Conflict(f"{record} ({record.pk}) is being deleted; wait for it to finish before re-declaring it")
+    generation = record.generation + 1
+    fields = {"spec": spec, "labels": labels, "generation": generation, "next_attempt_at": timezone.now() + _lease()}
+    if record.phase in (Phase.READY, Phase.DRIFTED):
+        _transition(
+            [record], Phase.UPDATING, reason="SpecChanged", data={"generation": generation}, actor=actor, fields=fields
+        )
+    elif record.phase == Phase.CREATE_FAILED:
+        _transition(
+            [record], Phase.CREATING, reason="SpecChanged", data={"generation": generation}, actor=actor, fields=fields
+        )
+    else:
+        Record.objects.filter(pk=record.pk).update(**fields)
+        for key, value in fields.items():
+            setattr(record, key, value)
+    _enqueue_converge_on_commit(record.pk)
+    return record
+
+
+def _enqueue_converge_on_commit(record_id: Any, countdown: float = 0) -> None:
+    from apps.records.tasks import record_converge_task
+
+    transaction.on_commit(lambda: record_converge_task.apply_async((str(record_id),), countdown=countdown))
+
+
+# --- convergence ------------------------------------------------------------------------------
+
+
+def record_converge(*, record_id: Any) -> None:
+    """Bring one record's external object to its spec through the kind's adopt-or-create."""
+    with operation_lock(record_id):
+        with transaction.atomic():
+            record = Record.objects.select_for_update(no_key=True).filter(pk=record_id).first()
+            if record is None or record.deletion_requested_at is not None or record.phase not in _CONVERGIBLE:
+                return
+            generation = record.generation
+            fields = {"next_attempt_at": timezone.now() + _lease()}
+            if record.phase == Phase.PENDING:
+                _transition([record], Phase.CREATING, reason="Converging", fields=fields)
+            else:
+                Record.objects.filter(pk=record.pk).update(**fields)
+        try:
+            outputs = get_kind(record.kind).create(record)
+        except Exception as exc:
+            _converge_failed(record_id=record_id, error=exc)
+            return
+        with transaction.atomic():
+            record = Record.objects.select_for_update(no_key=True).get(pk=record_id)
+            if record.deletion_requested_at is not None or record.phase not in _CONVERGIBLE:
+                # Deletion began meanwhile: keep what we learned; the delete will remove it.
+                Record.objects.filter(pk=record.pk).update(outputs=outputs)
+                return
+            if record.generation != generation:
+                Record.objects.filter(pk=record.pk).update(outputs=outputs)
+                _enqueue_converge_on_commit(record.pk)
+                return
+            _transition(
+                [record],
+                Phase.READY,
+                reason="Updated" if record.phase == Phase.UPDATING else "Created",
+                data={"adopted": bool(outputs.get("adopted"))} if isinstance(outputs, dict) else None,
+                fields={
+                    "outputs": outputs,
+                    "observed_generation": generation,
+                    "attempts": 0,
+                    "next_attempt_at": None,
+                    "last_error": "",
+                },
+            )
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@transaction.atomic
+def _converge_failed(*, record_id: Any, error: BaseException) -> None:
+    record = Record.objects.select_for_update(no_key=True).filter(pk=record_id).first()
+    if record is None or record.phase not in _CONVERGIBLE or record.deletion_requested_at is not None:
+        return
+    attempts = record.attempts + 1
+    message = _error_text(error)
+    permanent = isinstance(error, PermanentError | UnknownKind)
+    now = timezone.now()
+    if permanent or attempts >= settings.GRAPHENE_CREATE_ATTEMPTS:
+        Event.objects.create(
+            **_event_kwargs(
+                record.pk, EventType.ERROR, reason="CreateFailed", message=message, data={"attempt": attempts}
+            )
+        )
+        _transition(
+            [record],
+            Phase.CREATE_FAILED,
+            reason="PermanentError" if permanent else "RetriesExhausted",
+            message=message,
+            fields={"attempts": attempts, "last_error": message, "next_attempt_at": None},
+        )
+        return
+    delay = backoff_seconds(attempts)
+    Event.objects.create(
+        **_event_kwargs(
+            record.pk,
+            EventType.ERROR,
+            reason="CreateFailed",
+            message=message,
+            data={"attempt": attempts, "retry_in_s": round(delay, 3)},
+        )
+    )
+    Record.objects.filter(pk=record.pk).update(
+        attempts=attempts, last_error=message, next_attempt_at=now + timedelta(seconds=delay) + _lease(), updated_at=now
+    )
+    _enqueue_converge_on_commit(record.pk, countdown=delay)
+
+
+# --- deletion ---------------------------------------------------------------------------------
+
+
+def _live_children() -> Exists:
+    return Exists(Record.objects.filter(parent=OuterRef("pk")).exclude(phase=Phase.DELETED))
+
+
+def _enqueue_deletions_on_commit(rows: Iterable[tuple[Any, Any]]) -> None:
+    """Enqueue deletion of (id, parent_id) rows, batched by parent (siblings share a task)."""
+    from apps.records.tasks import records_delete_task
+
+    by_parent: defaultdict[Any, list[str]] = defaultdict(list)
+    for pk, parent_id in rows:
+        by_parent[parent_id].append(str(pk))
+    size = max(1, settings.GRAPHENE_DELETE_BATCH)
+    batches = [ids[i : i + size] for ids in by_parent.values() for i in range(0, len(ids), size)]
+    if batches:
+        transaction.on_commit(lambda: [records_delete_task.delay(batch) for batch in batches])
+
+
+def record_delete_request(
+    *, record: Record, actor: Actor = None, reason: str = "DeleteRequested", message: str = ""
+) -> Record:
+    """Request deletion of ``record`` and its whole subtree, children first (I3)."""
+    with transaction.atomic():
+        _lock_tree(record.tree_id)
+        record = Record.objects.get(pk=record.pk)
+        if record.phase == Phase.DELETED:
+            return record
+        now = timezone.now()
+        subtree = Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght).exclude(
+            phase=Phase.DELETED
+        )
+        marked = subtree.filter(deletion_requested_at__isnull=True).update(
+            deletion_requested_at=now, next_attempt_at=now + _lease(), updated_at=now
+        )
+        Event.objects.create(
+            **_event_kwargs(
+                record.pk,
+                EventType.DELETION_REQUESTED,
+                reason=reason,
+                message=message or f"deleting {record} and its subtree",
+                data={"subtree_records": marked},
+                actor=actor,
+                at=now,
+            )
+        )
+        frontier = (
+            subtree.exclude(phase__in=[Phase.DELETING, Phase.DELETE_FAILED])
+            .filter(~_live_children())
+            .values_list("pk", "parent_id")
+        )
+        _enqueue_deletions_on_commit(list(frontier))
+        _notify([record.pk])
+        record.deletion_requested_at = record.deletion_requested_at or now
+    return record
+
+
+def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[Any, BaseException | None]:
+    """Call each kind's delete; independent objects are deleted concurrently."""
+
+    def one(record: Record) -> BaseException | None:
+        try:
+            kind = get_kind(record.kind)
+            if record.pk in wait_for_create:
+                with operation_lock(record.pk):
+                    kind.delete(record)
+            else:
+                kind.delete(record)
+        except Exception as exc:
+            return exc
+        return None
+
+    if len(records) == 1:
+        return {records[0].pk: one(records[0])}
+    if any(r.pk in wait_for_create for r in records):
+        # The operation lock uses this thread's database connection: stay on this thread.
+        return {r.pk: one(r) for r in records}
+    return dict(zip((r.pk for r in records), _executor().map(one, records), strict=True))
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="graphene-delete")
+    return _pool
+
+
+def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
+    """Delete a batch of records whose children are all gone, then wake their parents."""
+    with transaction.atomic():
+        rows = list(
+            Record.objects.select_for_update(no_key=True)
+            .filter(pk__in=list(record_ids), deletion_requested_at__isnull=False)
+            .exclude(phase=Phase.DELETED)
+            .order_by("pk")
+        )
+        busy = set(
+            Record.objects.filter(parent_id__in=[r.pk for r in rows])
+            .exclude(phase=Phase.DELETED)
+            .values_list("parent_id", flat=True)
+        )
+        claim = [r for r in rows if r.pk not in busy]
+        if not claim:
+            return
+        wait_for_create = {r.pk for r in claim if r.phase in _CREATE_IN_FLIGHT}
+        lease = {"next_attempt_at": timezone.now() + _lease()}
+        _transition([r for r in claim if r.phase != Phase.DELETING], Phase.DELETING, reason="Deleting", fields=lease)
+        Record.objects.filter(pk__in=[r.pk for r in claim if r.phase == Phase.DELETING]).update(**lease)
+
+    results = _run_deletes(claim, wait_for_create)
+
+    with transaction.atomic():
+        parent_ids = sorted({r.parent_id for r in claim if r.parent_id is not None})
+        _lock_rows(parent_ids)  # siblings finishing concurrently serialize here: one sees all gone
+        now = timezone.now()
+        done = [r for r in claim if results[r.pk] is None]
+        _transition(
+            done,
+            Phase.DELETED,
+            reason="Deleted",
+            fields={"deleted_at": now, "next_attempt_at": None, "attempts": 0, "last_error": ""},
+        )
+        for record in claim:
+            error = results[record.pk]
+            if error is not None:
+                _delete_failed(record, error)
+        woken = (
+            Record.objects.filter(pk__in=parent_ids, deletion_requested_at__isnull=False)
+            .exclude(phase__in=[Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED])
+            .filter(~_live_children())
+            .values_list("pk", "parent_id")
+        )
+        _enqueue_deletions_on_commit(list(woken))
+
+
+def _delete_failed(record: Record, error: BaseException) -> None:
+    from apps.records.tasks import records_delete_task
+
+    attempts = record.attempts + 1
+    delay = backoff_seconds(attempts)
+    message = _error_text(error)
+    now = timezone.now()
+    Event.objects.create(
+        **_event_kwargs(
+            record.pk,
+            EventType.ERROR,
+            reason="DeleteFailed",
+            message=message,
+            data={"attempt": attempts, "retry_in_s": round(delay, 3)},
+            at=now,
+        )
+    )
+    _transition(
+        [record],
+        Phase.DELETE_FAILED,
+        reason="DeleteFailed",
+        message=message,
+        fields={
+            "attempts": attempts,
+            "last_error": message,
+            "next_attempt_at": now + timedelta(seconds=delay) + _lease(),
+        },
+    )
+    record_id = str(record.pk)
+    transaction.on_commit(lambda: records_delete_task.apply_async(([record_id],), countdown=delay))
+
+
+# --- lifetime ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def record_set_expiry(
+    *, record: Record, expires_at: datetime | None, actor: Actor = None, reason: str = "TTLChanged"
+) -> Record:
+    """Set (or with ``None`` release) the record's deadline; expiry deletes its subtree."""
+    record = Record.objects.select_for_update(no_key=True).get(pk=record.pk)
+    if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+        raise Conflict(f"{record} ({record.pk}) is being deleted; its lifetime can no longer change")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("the new deadline is in the past", fields={"expires_at": ["must be in the future"]})
+    previous = record.expires_at
+    Record.objects.filter(pk=record.pk).update(expires_at=expires_at, updated_at=timezone.now())
+    record.expires_at = expires_at
+    Event.objects.create(
+        **_event_kwargs(
+            record.pk,
+            EventType.TTL_CHANGED,
+            reason=reason,
+            message=f"expires at {expires_at.isoformat()}" if expires_at else "released: no expiry",
+            data={
+                "from": previous.isoformat() if previous else None,
+                "to": expires_at.isoformat() if expires_at else None,
+            },
+            actor=actor,
+        )
+    )
+    _notify([record.pk])
+    return record
+
+
+def record_extend(*, record: Record, by: timedelta, actor: Actor = None) -> Record:
+    """Push the deadline ``by`` further (from now if the record had none)."""
+    if by <= timedelta(0):
+        raise ValidationFailed("extend by a positive duration", fields={"by": ["must be positive"]})
+    start = max(record.expires_at or timezone.now(), timezone.now())
+    return record_set_expiry(record=record, expires_at=start + by, actor=actor, reason="Extended")
+
+
+def record_release(*, record: Record, actor: Actor = None) -> Record:
+    """Remove the deadline: the record lives until its owner dies or someone deletes it."""
+    return record_set_expiry(record=record, expires_at=None, actor=actor, reason="Released")
+
+
+def records_expire(*, now: datetime | None = None, limit: int = 500) -> int:
+    """Delete the subtrees of records past their deadline (found through a partial index)."""
+    now = now or timezone.now()
+    due = list(
+        Record.objects.filter(expires_at__lte=now, deletion_requested_at__isnull=True)
+        .exclude(phase=Phase.DELETED)
+        .order_by("expires_at")[:limit]
+    )
+    for record in due:
+        Event.objects.create(
+            **_event_kwargs(record.pk, EventType.EXPIRED, reason="Expired", message=f"TTL ended at {record.expires_at}")
+        )
+        record_delete_request(record=record, reason="Expired")
+    return len(due)
+
+
+# --- transfer ---------------------------------------------------------------------------------
+
+
+def record_transfer(
+    *,
+    record: Record,
+    new_owner: Record,
+    given_by: Record | None = None,
+    expires_at: datetime | None = None,
+    actor: Actor = None,
+) -> Record:
+    """Give ``record`` and its subtree to ``new_owner`` atomically.
+
+    Ownership is given, never taken: when ``given_by`` is passed (a run handing over what it
+    owns) it must be the current owner. Refuses roots, cycles and owners being deleted.
+    """
+    if record.is_root:
+        raise ValidationFailed(
+            f"{record.kind} records are roots; they cannot be given away", fields={"record": ["is a root"]}
+        )
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("expires_at is in the past", fields={"expires_at": ["must be in the future"]})
+    with transaction.atomic():
+        for tree_id in sorted({record.tree_id, new_owner.tree_id}):
+            _lock_tree(tree_id)
+        record = Record.objects.get(pk=record.pk)
+        new_owner = Record.objects.get(pk=new_owner.pk)
+        old_owner_id = record.parent_id
+        if given_by is not None and given_by.pk != old_owner_id:
+            raise Conflict(
+                f"{record} is owned by {old_owner_id}, not {given_by.pk}: ownership is given by the current owner"
+            )
+        if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+            raise Conflict(f"{record} ({record.pk}) is being deleted; it cannot change owner")
+        _owner_check_alive(new_owner)
+        if new_owner.pk == record.pk or (
+            new_owner.tree_id == record.tree_id and record.lft <= new_owner.lft and new_owner.rght <= record.rght
+        ):
+            raise ValidationFailed(
+                f"cannot give {record} to {new_owner}: a record cannot own its own ancestor",
+                fields={"to": ["is the record itself or one of its descendants"]},
+            )
+        if new_owner.pk == old_owner_id:
+            return record
+        if (
+            Record.objects.filter(parent=new_owner, kind=record.kind, name=record.name)
+            .exclude(phase=Phase.DELETED)
+            .exists()
+        ):
+            raise Conflict(f"{new_owner} already owns a live {record.kind} named {record.name!r}")
+        size = record.get_descendant_count() + 1
+        Record.objects.move_node(record, new_owner, position="last-child")
+        now = timezone.now()
+        fields: dict[str, Any] = {"updated_at": now}
+        if expires_at is not None:
+            fields["expires_at"] = expires_at
+        Record.objects.filter(pk=record.pk).update(**fields)
+        data = {
+            "record": str(record.pk),
+            "from": str(old_owner_id),
+            "to": str(new_owner.pk),
+            "subtree_records": size,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        }
+        Event.objects.bulk_create(
+            [
+                _event(record.pk, EventType.TRANSFERRED_IN, reason="Transferred", data=data, actor=actor, at=now),
+                _event(old_owner_id, EventType.TRANSFERRED_OUT, reason="GaveAway", data=data, actor=actor, at=now),
+                _event(new_owner.pk, EventType.TRANSFERRED_IN, reason="Received", data=data, actor=actor, at=now),
+            ]
+        )
+        _notify([record.pk, old_owner_id, new_owner.pk])
+    return Record.objects.get(pk=record.pk)
+
+
+# --- reconciliation and housekeeping ----------------------------------------------------------
+
+
+def records_reconcile(*, now: datetime | None = None, limit: int = 500) -> int:
+    """Re-enqueue work whose lease ran out (a lost message or a dead worker): never lost, only late."""
+    from apps.records.tasks import records_delete_task
+
+    now = now or timezone.now()
+    with transaction.atomic():
+        due = list(
+            Record.objects.select_for_update(skip_locked=True, no_key=True)
+            .filter(next_attempt_at__lte=now)
+            .annotate(has_live_children=_live_children())
+            .order_by("next_attempt_at")[:limit]
+        )
+        if not due:
+            return 0
+        Record.objects.filter(pk__in=[r.pk for r in due]).update(next_attempt_at=now + _lease())
+        converge, delete, idle = [], [], []
+        for record in due:
+            if record.phase == Phase.DELETED:
+                idle.append(record.pk)
+            elif record.deletion_requested_at is not None:
+                if not record.has_live_children:
+                    delete.append(str(record.pk))
+            elif record.phase in _CONVERGIBLE:
+                converge.append(record.pk)
+            else:
+                idle.append(record.pk)
+        Record.objects.filter(pk__in=idle).update(next_attempt_at=None)
+        for pk in converge:
+            _enqueue_converge_on_commit(pk)
+        if delete:
+            transaction.on_commit(lambda: [records_delete_task.delay([pk]) for pk in delete])
+    return len(converge) + len(delete)
+
+
+def records_purge(*, now: datetime | None = None, limit: int = 100) -> int:
+    """Remove tombstones older than the retention, whole deleted subtrees at a time."""
+    cutoff = (now or timezone.now()) - settings.GRAPHENE_TOMBSTONE_RETENTION
+    tops = list(
+        Record.objects.filter(deleted_at__lt=cutoff)
+        .filter(Q(parent__isnull=True) | ~Q(parent__phase=Phase.DELETED))
+        .order_by("deleted_at")[:limit]
+    )
+    purged = 0
+    for top in tops:
+        with transaction.atomic():
+            _lock_tree(top.tree_id)
+            fresh = Record.objects.filter(pk=top.pk).first()
+            if fresh is None:
+                continue
+            subtree = Record.objects.filter(tree_id=fresh.tree_id, lft__gte=fresh.lft, rght__lte=fresh.rght)
+            if subtree.exclude(phase=Phase.DELETED).exists():
+                continue  # a live descendant (cannot happen children-first, but never drop it)
+            purged += subtree.count()
+            fresh.delete()  # mptt closes the gap; events go with the rows
+    return purged
+
+
+SWEEPER_NAME = "sweeper"
+
+
+def records_sweep(*, dry_run: bool = False) -> list[dict[str, Any]]:
+    """Find external objects carrying a marker whose record is deleted or unknown; delete them.
+
+    Each finding is reported as an event on the ``graphene.sweeper`` root record.
+    """
+    from kinds import registry
+
+    sweeper = record_ensure_root(kind="graphene.sweeper", name=SWEEPER_NAME)
+    findings: list[dict[str, Any]] = []
+    for kind_name, kind in sorted(registry().items()):
+        marked = list(kind.sweep())
+        ids = {m.record_id for m in marked}
+        valid = {i for i in ids if _is_uuid(i)}
+        live = set(
+            str(pk)
+            for pk in Record.objects.filter(pk__in=valid).exclude(phase=Phase.DELETED).values_list("pk", flat=True)
+        )
+        for item in marked:
+            if item.record_id in live:
+                continue
+            known = _is_uuid(item.record_id) and Record.objects.filter(pk=item.record_id).exists()
+            finding = {
+                "kind": kind_name,
+                "external_id": item.external_id,
+                "record_id": item.record_id,
+                "record": "deleted" if known else "unknown",
+            }
+            if dry_run:
+                findings.append({**finding, "action": "none (dry run)"})
+                continue
+            try:
+                kind.delete_external(item.external_id)
+            except Exception as exc:
+                finding["error"] = _error_text(exc)
+                Event.objects.create(
+                    **_event_kwargs(
+                        sweeper.pk,
+                        EventType.ORPHAN_DELETE_FAILED,
+                        reason="Orphan",
+                        message=finding["error"],
+                        data=finding,
+                    )
+                )
+            else:
+                Event.objects.create(
+                    **_event_kwargs(
+                        sweeper.pk,
+                        EventType.ORPHAN_DELETED,
+                        reason="Orphan",
+                        message=f"deleted {kind_name} object {item.external_id} (record {finding['record']})",
+                        data=finding,
+                    )
+                )
+            findings.append(finding)
+    return findings
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True

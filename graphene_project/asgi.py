@@ -1,0 +1,26 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels' router."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "graphene_project.settings.dev")
+
+# Django must be set up before anything imports models (consumers, routing).
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from graphene_project.routing import websocket_urlpatterns  # noqa: E402
+
+# Daphne does not serve static files; the admin's few assets are served by Django's static
+# handler (collected under STATIC_ROOT in production, found in the apps otherwise).
+application = ProtocolTypeRouter(
+    {
+        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

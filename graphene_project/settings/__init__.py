@@ -1,0 +1,1 @@
+"""Settings are split by purpose: base (shared), dev (embedded default), test, prod."""

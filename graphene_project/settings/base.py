@@ -1,0 +1,212 @@
+"""Settings shared by every mode.
+
+Mode selection: with no ``GRAPHENE_DATABASE_URL`` / ``GRAPHENE_BROKER_URL`` /
+``GRAPHENE_CHANNEL_LAYER_URL`` Graphene runs *embedded*: a SQLite file under
+``GRAPHENE_DATA_DIR``, the in-memory broker and channel layer, and worker and beat
+threads inside the server process. Setting them selects PostgreSQL, Redis/RabbitMQ and
+the Redis channel layer (production mode, separate web/worker/beat processes).
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+from celery.schedules import schedule
+
+from graphene_project.settings.env import check_broker_url, check_redis_url, database_from_url, env
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+DATA_DIR = Path(env.string("GRAPHENE_DATA_DIR", str(BASE_DIR / ".graphene")) or "").expanduser().resolve()
+
+DATABASE_URL = env.string("GRAPHENE_DATABASE_URL")
+BROKER_URL = env.string("GRAPHENE_BROKER_URL")
+CHANNEL_LAYER_URL = env.string("GRAPHENE_CHANNEL_LAYER_URL")
+
+# Embedded: no broker configured, so tasks travel through kombu's in-process transport and
+# must be executed by a worker thread inside the same process (``graphene up``).
+GRAPHENE_EMBEDDED = BROKER_URL is None
+
+
+def _secret_key_file() -> str:
+    """A per-installation key kept in the data directory (dev/embedded only; prod requires one)."""
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = env.string("GRAPHENE_SECRET_KEY") or _secret_key_file()
+DEBUG = env.boolean("GRAPHENE_DEBUG", False)
+ALLOWED_HOSTS = env.csv("GRAPHENE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.csv("GRAPHENE_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "mptt",
+    "channels",
+    "apps.core",
+    "apps.records",
+    "apps.api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "graphene_project.urls"
+ASGI_APPLICATION = "graphene_project.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if DATABASE_URL:
+    DATABASES = {"default": database_from_url(DATABASE_URL)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "graphene.sqlite3",
+            # Worker and beat threads write concurrently with the web thread: WAL lets readers
+            # proceed, IMMEDIATE takes the write lock up front (no upgrade deadlocks), and the
+            # timeout makes writers queue instead of failing with "database is locked".
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+# --- Celery ------------------------------------------------------------------------------
+CELERY_BROKER_URL = check_broker_url(BROKER_URL) if BROKER_URL else "memory://localhost/"
+CELERY_RESULT_BACKEND = None  # the database rows are the results; the queue is only delivery
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True  # a worker killed mid-task leaves the message for another worker
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = env.string("GRAPHENE_QUEUE", "graphene") or "graphene"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "records-expire": {"task": "apps.records.tasks.records_expire_task", "schedule": schedule(timedelta(seconds=5))},
+    "records-deletion-reconcile": {
+        "task": "apps.records.tasks.records_reconcile_task",
+        "schedule": schedule(timedelta(seconds=15)),
+    },
+    "records-purge-tombstones": {
+        "task": "apps.records.tasks.records_purge_task",
+        "schedule": schedule(timedelta(hours=1)),
+    },
+    "records-sweep-orphans": {
+        "task": "apps.records.tasks.records_sweep_task",
+        "schedule": schedule(timedelta(minutes=10)),
+    },
+}
+
+# --- Channels ----------------------------------------------------------------------------
+if CHANNEL_LAYER_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [check_redis_url(CHANNEL_LAYER_URL, setting="GRAPHENE_CHANNEL_LAYER_URL")]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- REST API ----------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Graphene API",
+    "DESCRIPTION": "Records, runs and the resources they own.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Graphene ----------------------------------------------------------------------------
+# How long tombstones of deleted records (with their events) are kept before purging.
+GRAPHENE_TOMBSTONE_RETENTION = timedelta(days=env.integer("GRAPHENE_TOMBSTONE_RETENTION_DAYS", 7))
+# Base and cap of the exponential backoff between failed deletes/creates of one record.
+GRAPHENE_RETRY_BASE_SECONDS = float(env.integer("GRAPHENE_RETRY_BASE_MS", 1000)) / 1000
+GRAPHENE_RETRY_MAX_SECONDS = float(env.integer("GRAPHENE_RETRY_MAX_MS", 300_000)) / 1000
+# Where the built-in ``file`` kind may create files (paths are resolved under this root).
+GRAPHENE_FILE_ROOT = Path(env.string("GRAPHENE_FILE_ROOT", str(DATA_DIR / "files")) or "")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.string("GRAPHENE_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}, "celery": {"level": "WARNING"}},
+}
+# Where the test.sleep/test.flaky kinds keep their objects (one folder per record).
+GRAPHENE_TEST_WORLD_DIR = Path(env.string("GRAPHENE_TEST_WORLD_DIR", str(DATA_DIR / "test-world")) or "")
+# Create attempts before a record settles in create_failed (PermanentError fails at once).
+GRAPHENE_CREATE_ATTEMPTS = env.integer("GRAPHENE_CREATE_ATTEMPTS", 5)
+# How long an operation may stay in flight before the reconciler re-enqueues it.
+GRAPHENE_OPERATION_LEASE_SECONDS = env.integer("GRAPHENE_OPERATION_LEASE_SECONDS", 120)
+# Records deleted by one task (siblings whose children are all gone).
+GRAPHENE_DELETE_BATCH = env.integer("GRAPHENE_DELETE_BATCH", 25)

@@ -1,0 +1,112 @@
+"""The one place that reads the environment for settings.
+
+Every setting Graphene reads from the environment is named ``GRAPHENE_*`` and goes through
+``env``. Parsing failures raise ``ImproperlyConfigured`` with a one-line message that names
+the variable, so the ``graphene`` command can print it without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class Env:
+    """Typed accessors over ``os.environ``."""
+
+    def string(self, name: str, default: str | None = None) -> str | None:
+        value = os.environ.get(name)
+        return default if value is None or value == "" else value
+
+    def required(self, name: str, hint: str) -> str:
+        value = os.environ.get(name, "")
+        if not value:
+            raise ImproperlyConfigured(f"{name} is not set: {hint}")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no")
+
+    def integer(self, name: str, default: int) -> int:
+        raw = os.environ.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+
+    def csv(self, name: str, default: list[str]) -> list[str]:
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+env = Env()
+
+_PG_SCHEMES = {"postgres", "postgresql", "pgsql", "postgresql+psycopg"}
+
+
+def database_from_url(url: str, *, setting: str = "GRAPHENE_DATABASE_URL") -> dict[str, Any]:
+    """Translate ``postgresql://user:password@host:port/name?opt=v`` into a Django DATABASES entry.
+
+    Only PostgreSQL is accepted: production mode needs row locks and ``SKIP LOCKED``.
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{setting} is not a valid URL: {exc}") from None
+    if parts.scheme not in _PG_SCHEMES:
+        raise ImproperlyConfigured(
+            f"{setting} has scheme {parts.scheme or '(none)'!r}; use postgresql://user:password@host:5432/name"
+        )
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise ImproperlyConfigured(f"{setting} names no database; use postgresql://user:password@host:5432/name")
+    options = dict(parse_qsl(parts.query))
+    conn_max_age = int(options.pop("conn_max_age", "60"))
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        # An empty host means the local Unix socket, as with libpq.
+        "HOST": unquote(parts.hostname or ""),
+        "PORT": str(port or ""),
+        "CONN_MAX_AGE": conn_max_age,
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {"connect_timeout": int(options.pop("connect_timeout", "5")), **options},
+    }
+
+
+def check_broker_url(url: str, *, setting: str = "GRAPHENE_BROKER_URL") -> str:
+    """Refuse broker URLs Graphene does not support, naming the setting."""
+    scheme = urlsplit(url).scheme
+    if scheme not in {"redis", "rediss", "amqp", "amqps", "pyamqp", "memory"}:
+        raise ImproperlyConfigured(
+            f"{setting} has scheme {scheme or '(none)'!r}; use redis://host:6379/0 or amqp://user:pass@host:5672//"
+        )
+    return url
+
+
+def check_redis_url(url: str, *, setting: str) -> str:
+    scheme = urlsplit(url).scheme
+    if scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(f"{setting} has scheme {scheme or '(none)'!r}; use redis://host:6379/1")
+    return url

@@ -1,0 +1,29 @@
+"""Settings for the test suite: real PostgreSQL and Redis, fast hashing, in-memory channels.
+
+The defaults point at the services on their standard local ports (as CI and a developer
+machine have them); every value can be overridden with the same ``GRAPHENE_*`` variables.
+"""
+
+import os
+import tempfile
+import uuid
+
+os.environ.setdefault("GRAPHENE_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/graphene")
+os.environ.setdefault("GRAPHENE_BROKER_URL", "redis://127.0.0.1:6379/14")
+os.environ.setdefault("GRAPHENE_SECRET_KEY", "test-only-not-secret")
+# Per test session: a private queue (stale workers of another session never take our tasks)
+# and a private data directory. Worker processes started by the tests inherit both.
+os.environ.setdefault("GRAPHENE_QUEUE", f"graphene-test-{uuid.uuid4().hex[:8]}")
+os.environ.setdefault("GRAPHENE_DATA_DIR", tempfile.mkdtemp(prefix="graphene-test-"))
+# Short leases so that crash tests see the reconciler pick up lost work within seconds.
+os.environ.setdefault("GRAPHENE_OPERATION_LEASE_SECONDS", "3")
+
+from graphene_project.settings.base import *  # noqa: F403
+from graphene_project.settings.base import DATA_DIR
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+GRAPHENE_RETRY_BASE_SECONDS = 0.2
+GRAPHENE_RETRY_MAX_SECONDS = 2.0
+GRAPHENE_FILE_ROOT = DATA_DIR / "test-files"

@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from apps.core import views as core_views
+
+urlpatterns = [
+    path("healthz", core_views.healthz, name="healthz"),
+    path("readyz", core_views.readyz, name="readyz"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/", include("apps.api.urls")),
+    path("", admin.site.urls),
+]

@@ -1,0 +1,136 @@
+"""The kind interface and the registry of kinds.
+
+A kind teaches Graphene one sort of external object. It is a class registered under a name
+in the ``graphene.kinds`` entry point group. Every method receives the record (read it, do
+not write it: the services own every write) and must be safe to call again after a crash:
+
+* ``create`` is adopt-or-create: it first looks for an object carrying the record's id as a
+  marker (label, annotation, extended attribute) and adopts it; only if none exists does it
+  create one, carrying the marker (invariant I4). It returns the observed outputs.
+* ``delete`` is idempotent; "not found" is success.
+* ``observe`` returns what exists now (``None``: the object is gone); ``diff`` compares it
+  with the spec.
+* ``sweep`` lists external objects carrying a Graphene marker, for the orphan sweeper;
+  ``delete_external`` removes one of them by its external id.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from apps.records.models import Record
+
+ENTRY_POINT_GROUP = "graphene.kinds"
+
+
+class KindError(Exception):
+    """A kind operation failed and may succeed if retried (network, busy, timeout)."""
+
+
+class PermanentError(KindError):
+    """A kind operation failed in a way retrying cannot fix (bad spec, name taken by a stranger)."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    field: str
+    desired: Any
+    actual: Any
+
+
+@dataclass(frozen=True)
+class Observed:
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Marked:
+    """An external object carrying a Graphene marker, as listed by ``sweep``."""
+
+    external_id: str
+    record_id: str
+
+
+class Kind:
+    """Base class of every kind. Subclasses set ``name``, ``description``, ``spec_schema``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    spec_schema: ClassVar[Mapping[str, Any]] = {"type": "object"}
+    drift_interval: ClassVar[timedelta] = timedelta(minutes=5)
+
+    def create(self, record: Record) -> dict[str, Any]:
+        raise PermanentError(f"kind {self.name} cannot create objects")
+
+    def observe(self, record: Record) -> Observed | None:
+        return Observed(outputs=dict(record.outputs))
+
+    def diff(self, record: Record, observed: Observed) -> list[Drift]:
+        return []
+
+    def delete(self, record: Record) -> None:
+        """Remove the object; succeed if it is already gone."""
+
+    def sweep(self) -> Iterable[Marked]:
+        return ()
+
+    def delete_external(self, external_id: str) -> None:
+        """Remove an orphaned object found by ``sweep``."""
+
+
+class UnknownKind(LookupError):
+    pass
+
+
+_lock = threading.Lock()
+_registry: dict[str, Kind] | None = None
+
+
+def _load() -> dict[str, Kind]:
+    found: dict[str, Kind] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, Kind)):
+            raise TypeError(f"entry point {ep.name} = {ep.value} is not a graphene Kind")
+        if cls.name != ep.name:
+            raise TypeError(f"entry point {ep.name} loads a kind named {cls.name!r}")
+        found[ep.name] = cls()
+    return found
+
+
+def registry() -> dict[str, Kind]:
+    """All installed kinds by name, loaded once per process."""
+    global _registry
+    if _registry is None:
+        with _lock:
+            if _registry is None:
+                _registry = _load()
+    return _registry
+
+
+def get_kind(name: str) -> Kind:
+    try:
+        return registry()[name]
+    except KeyError:
+        known = ", ".join(sorted(registry()))
+        raise UnknownKind(f"unknown kind {name!r}; installed kinds: {known}") from None
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Drift",
+    "Kind",
+    "KindError",
+    "Marked",
+    "Observed",
+    "PermanentError",
+    "UnknownKind",
+    "get_kind",
+    "registry",
+]

@@ -1,0 +1,24 @@
+"""Records built through the services, as the product builds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.records import services
+from apps.records.models import Record
+
+
+def stand(name: str = "stand") -> Record:
+    return services.record_create_root(kind="graphene.stand", name=name)
+
+
+def run(name: str = "run") -> Record:
+    return services.record_create_root(kind="graphene.run", name=name)
+
+
+def sleep(owner: Record, name: str, **spec: Any) -> Record:
+    return services.record_declare(kind="test.sleep", name=name, owner=owner, spec=spec)
+
+
+def flaky(owner: Record, name: str, **spec: Any) -> Record:
+    return services.record_declare(kind="test.flaky", name=name, owner=owner, spec=spec)

@@ -1,0 +1,382 @@
+"""Record services: declaration, phases, cascade order, retries, TTL, transfer, sweep, purge.
+
+Tasks run eagerly here, inside captured on-commit callbacks; the same promises are proven
+against real worker processes in test_system.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from apps.core.errors import Conflict, ValidationFailed
+from apps.records import services
+from apps.records.choices import EventType, Phase
+from apps.records.models import Event, Record
+from graphene_project.celery import app as celery_app
+from kinds.testing import objects_of
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def eager() -> Iterator[None]:
+    celery_app.conf.task_always_eager = True
+    celery_app.conf.task_eager_propagates = True
+    try:
+        yield
+    finally:
+        celery_app.conf.task_always_eager = False
+
+
+def phases(*records: Record) -> list[str]:
+    return [Record.objects.get(pk=r.pk).phase for r in records]
+
+
+def phase_events(record: Record) -> list[tuple[str, str]]:
+    return [
+        (e.data["from"], e.data["to"])
+        for e in Event.objects.filter(record=record, type=EventType.PHASE_CHANGED).order_by("id")
+    ]
+
+
+def check_tree(tree_id: int) -> None:
+    """mptt columns are consistent: every node inside its parent, no overlaps."""
+    nodes = list(Record.objects.filter(tree_id=tree_id).order_by("lft"))
+    by_id = {n.pk: n for n in nodes}
+    bounds = sorted([n.lft for n in nodes] + [n.rght for n in nodes])
+    assert bounds == list(range(1, 2 * len(nodes) + 1)), "lft/rght must be a permutation of 1..2n"
+    for node in nodes:
+        if node.parent_id is not None:
+            parent = by_id[node.parent_id]
+            assert parent.lft < node.lft < node.rght < parent.rght
+            assert node.level == parent.level + 1
+
+
+def test_declaration_commits_pending_before_convergence_is_enqueued(django_capture_on_commit_callbacks: Any) -> None:
+    """I1: the record is committed in phase pending; the kind is only reached after commit."""
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        record = factories.sleep(owner, "db")
+        assert Record.objects.get(pk=record.pk).phase == Phase.PENDING
+        assert objects_of(str(record.pk)) == []
+    assert callbacks, "convergence must be enqueued on commit"
+    assert objects_of(str(record.pk)) == [], "nothing outside exists before the task runs"
+    assert [e.type for e in Event.objects.filter(record=record)] == [EventType.DECLARED]
+
+
+def test_convergence_creates_once_and_adopts_on_retry(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        record = factories.sleep(owner, "db", value=7)
+    record.refresh_from_db()
+    assert record.phase == Phase.READY
+    assert record.outputs["value"] == 7
+    assert record.outputs["adopted"] is False
+    assert len(objects_of(str(record.pk))) == 1
+    assert phase_events(record) == [("pending", "creating"), ("creating", "ready")]
+    # A crash after the object was made but before the row said so: the retried create adopts.
+    Record.objects.filter(pk=record.pk).update(phase=Phase.CREATING)
+    services.record_converge(record_id=record.pk)
+    record.refresh_from_db()
+    assert record.phase == Phase.READY
+    assert record.outputs["adopted"] is True
+    assert len(objects_of(str(record.pk))) == 1
+
+
+def test_redeclare_same_spec_returns_existing_and_new_spec_bumps_generation(
+    eager: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        first = factories.sleep(owner, "db", value=1)
+        again = factories.sleep(owner, "db", value=1)
+    assert again.pk == first.pk
+    with django_capture_on_commit_callbacks(execute=True):
+        changed = factories.sleep(owner, "db", value=2)
+    changed.refresh_from_db()
+    assert changed.pk == first.pk
+    assert (changed.generation, changed.observed_generation, changed.phase) == (2, 2, Phase.READY)
+    assert changed.outputs["value"] == 2
+    assert ("ready", "updating") in phase_events(changed)
+
+
+def test_create_retries_with_backoff_then_fails_permanently(
+    eager: None, django_capture_on_commit_callbacks: Any, settings: Any
+) -> None:
+    settings.GRAPHENE_CREATE_ATTEMPTS = 3
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        recovers = factories.flaky(owner, "recovers", create_failures=2)
+        gives_up = factories.flaky(owner, "gives-up", create_failures=10)
+        permanent = factories.flaky(owner, "permanent", create_failures=1, permanent=True)
+    assert phases(recovers, gives_up, permanent) == [Phase.READY, Phase.CREATE_FAILED, Phase.CREATE_FAILED]
+    assert Event.objects.filter(record=recovers, type=EventType.ERROR).count() == 2
+    assert Event.objects.filter(record=gives_up, type=EventType.ERROR).count() == 3
+    assert Event.objects.filter(record=permanent, type=EventType.ERROR).count() == 1
+    gives_up.refresh_from_db()
+    assert "injected create failure" in gives_up.last_error
+
+
+def test_unknown_kind_and_bad_spec_are_refused_with_field_errors() -> None:
+    owner = factories.run()
+    with pytest.raises(ValidationFailed) as unknown:
+        services.record_declare(kind="no.such", name="x", owner=owner)
+    assert "kind" in unknown.value.fields
+    with pytest.raises(ValidationFailed) as bad:
+        services.record_declare(kind="test.sleep", name="x", owner=owner, spec={"create_ms": -1, "extra": 1})
+    assert set(bad.value.fields) == {"spec", "spec.create_ms"}
+    assert Record.objects.filter(parent=owner).count() == 0
+
+
+def test_illegal_transition_is_refused() -> None:
+    owner = factories.stand()
+    record = Record.objects.get(pk=owner.pk)
+    with pytest.raises(services.IllegalTransition):
+        services._transition([record], Phase.DELETED, reason="skip")
+    assert Record.objects.get(pk=owner.pk).phase == Phase.READY
+
+
+def build_tree(eager_callbacks: Any) -> dict[str, Record]:
+    root = factories.run("r")
+    with eager_callbacks(execute=True):
+        a = factories.sleep(root, "a")
+        b = factories.sleep(root, "b")
+        a1 = factories.sleep(a, "a1")
+        a2 = factories.sleep(a, "a2")
+        a1x = factories.sleep(a1, "a1x")
+        b1 = factories.sleep(b, "b1")
+    return {"root": root, "a": a, "b": b, "a1": a1, "a2": a2, "a1x": a1x, "b1": b1}
+
+
+def deleted_event_id(record: Record) -> int:
+    return Event.objects.get(record=record, type=EventType.PHASE_CHANGED, data__to=Phase.DELETED).pk
+
+
+def test_cascade_deletes_children_before_parents(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    tree = build_tree(django_capture_on_commit_callbacks)
+    check_tree(tree["root"].tree_id)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_delete_request(record=tree["root"])
+    assert set(phases(*tree.values())) == {Phase.DELETED}
+    for record in tree.values():
+        for child in Record.objects.filter(parent=record):
+            assert deleted_event_id(child) < deleted_event_id(record), f"{child} must go before {record}"
+    for name in ("a", "b", "a1", "a2", "a1x", "b1"):
+        assert objects_of(str(tree[name].pk)) == []
+        assert phase_events(tree[name])[-2:] == [("ready", "deleting"), ("deleting", "deleted")]
+
+
+def test_failing_delete_retries_and_is_never_dropped(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        record = factories.flaky(owner, "stubborn", delete_failures=3)
+        services.record_delete_request(record=owner)
+    record.refresh_from_db()
+    assert record.phase == Phase.DELETED
+    errors = Event.objects.filter(record=record, type=EventType.ERROR, reason="DeleteFailed")
+    assert [e.data["attempt"] for e in errors] == [1, 2, 3]
+    assert phase_events(record).count(("deleting", "delete_failed")) == 3
+    assert Record.objects.get(pk=owner.pk).phase == Phase.DELETED
+
+
+def test_owner_waits_while_a_child_delete_keeps_failing(django_capture_on_commit_callbacks: Any) -> None:
+    """I6: until the kind confirms, the child stays visible in delete_failed and the owner stays."""
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=False):
+        child = factories.flaky(owner, "stuck", delete_failures=100)
+    services.record_converge(record_id=child.pk)
+    with django_capture_on_commit_callbacks(execute=False):
+        services.record_delete_request(record=owner)
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=False):
+            services.record_delete_batch(record_ids=[str(child.pk)])
+    assert phases(child, owner) == [Phase.DELETE_FAILED, Phase.READY]
+    child.refresh_from_db()
+    assert child.attempts == 3
+    assert child.next_attempt_at is not None, "the reconciler must find it again if the retry is lost"
+    assert Record.objects.get(pk=owner.pk).deletion_requested_at is not None
+
+
+def test_declaring_under_an_owner_being_deleted_is_refused(django_capture_on_commit_callbacks: Any) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=False):
+        services.record_delete_request(record=owner)
+    with pytest.raises(Conflict, match="being deleted"):
+        factories.sleep(owner, "late")
+
+
+def test_ttl_expiry_deletes_the_subtree(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    tree = build_tree(django_capture_on_commit_callbacks)
+    soon = timezone.now() + timedelta(seconds=30)
+    services.record_set_expiry(record=tree["a"], expires_at=soon)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.records_expire(now=timezone.now()) == 0
+        assert services.records_expire(now=soon + timedelta(seconds=1)) == 1
+    assert set(phases(tree["a"], tree["a1"], tree["a2"], tree["a1x"])) == {Phase.DELETED}
+    assert set(phases(tree["root"], tree["b"], tree["b1"])) == {Phase.READY}
+    assert Event.objects.filter(record=tree["a"], type=EventType.EXPIRED).count() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.records_expire(now=soon + timedelta(hours=1)) == 0
+
+
+def test_extend_and_release(django_capture_on_commit_callbacks: Any) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=False):
+        record = factories.sleep(owner, "x")
+    record = services.record_extend(record=record, by=timedelta(hours=2))
+    assert record.expires_at is not None
+    first = record.expires_at
+    record = services.record_extend(record=record, by=timedelta(hours=1))
+    assert record.expires_at == first + timedelta(hours=1)
+    record = services.record_release(record=record)
+    assert Record.objects.get(pk=record.pk).expires_at is None
+    reasons = list(Event.objects.filter(record=record, type=EventType.TTL_CHANGED).values_list("reason", flat=True))
+    assert reasons == ["Extended", "Extended", "Released"]
+
+
+def test_expiry_lookup_uses_the_partial_index() -> None:
+    if connection.vendor != "postgresql":
+        pytest.fail("the test suite runs on PostgreSQL")
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        sql, params = (
+            Record.objects.filter(expires_at__lte=timezone.now(), deletion_requested_at__isnull=True)
+            .order_by("expires_at")[:500]
+            .query.sql_with_params()
+        )
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET enable_seqscan = on")
+    assert "record_expiring" in plan, plan
+
+
+def test_transfer_moves_exactly_the_subtree(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    tree = build_tree(django_capture_on_commit_callbacks)
+    keep = factories.stand("keep")
+    until = timezone.now() + timedelta(hours=4)
+    moved = services.record_transfer(record=tree["a"], new_owner=keep, given_by=tree["root"], expires_at=until)
+    assert moved.parent_id == keep.pk
+    assert moved.expires_at == until
+    in_stand = {r.name for r in Record.objects.get(pk=keep.pk).get_descendants()}
+    assert in_stand == {"a", "a1", "a2", "a1x"}
+    in_run = {r.name for r in Record.objects.get(pk=tree["root"].pk).get_descendants()}
+    assert in_run == {"b", "b1"}
+    check_tree(keep.tree_id)
+    check_tree(tree["root"].tree_id)
+    assert Event.objects.filter(record=keep, type=EventType.TRANSFERRED_IN).count() == 1
+    assert Event.objects.filter(record=tree["root"], type=EventType.TRANSFERRED_OUT).count() == 1
+    # The run dies: what it still owns goes, what it gave away stays.
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_delete_request(record=Record.objects.get(pk=tree["root"].pk))
+    assert set(phases(tree["b"], tree["b1"], tree["root"])) == {Phase.DELETED}
+    assert set(phases(tree["a"], tree["a1"], tree["a2"], tree["a1x"])) == {Phase.READY}
+
+
+def test_transfer_refuses_cycles_roots_and_taking(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    tree = build_tree(django_capture_on_commit_callbacks)
+    with pytest.raises(ValidationFailed, match="own its own ancestor"):
+        services.record_transfer(record=tree["a"], new_owner=tree["a1x"])
+    with pytest.raises(ValidationFailed, match="own its own ancestor"):
+        services.record_transfer(record=tree["a"], new_owner=tree["a"])
+    with pytest.raises(ValidationFailed, match="roots"):
+        services.record_transfer(record=tree["root"], new_owner=tree["b"])
+    with pytest.raises(Conflict, match="given by the current owner"):
+        services.record_transfer(record=tree["a1"], new_owner=tree["b"], given_by=tree["root"])
+    assert Record.objects.get(pk=tree["a"].pk).parent_id == tree["root"].pk
+    check_tree(tree["root"].tree_id)
+
+
+def test_roots_are_separate_trees() -> None:
+    first, second = factories.run("one"), factories.stand("two")
+    assert first.tree_id != second.tree_id
+    with pytest.raises(Conflict):
+        factories.stand("two")
+
+
+def test_sweeper_deletes_orphans_and_reports_them(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        live = factories.sleep(owner, "live")
+        gone = factories.sleep(owner, "gone")
+    # An object whose record was deleted without its delete reaching the outside, and a
+    # marked object no record ever knew (e.g. its tombstone was purged long ago).
+    Record.objects.filter(pk=gone.pk).update(phase=Phase.DELETED, deleted_at=timezone.now())
+    stranger = Path(settings.GRAPHENE_TEST_WORLD_DIR) / "test.sleep" / "6f1c1d8e-0000-4000-8000-000000000000"
+    stranger.mkdir(parents=True)
+    (stranger / "obj").write_text("x")
+
+    dry = services.records_sweep(dry_run=True)
+    assert {f["record_id"] for f in dry} >= {str(gone.pk), stranger.name}
+    assert objects_of(str(gone.pk)), "a dry run deletes nothing"
+
+    found = services.records_sweep()
+    by_record = {f["record_id"]: f for f in found if f["kind"] == "test.sleep"}
+    assert by_record[str(gone.pk)]["record"] == "deleted"
+    assert by_record[stranger.name]["record"] == "unknown"
+    assert str(live.pk) not in by_record
+    assert objects_of(str(gone.pk)) == []
+    assert not stranger.exists()
+    assert len(objects_of(str(live.pk))) == 1
+    sweeper = Record.objects.get(kind="graphene.sweeper")
+    assert Event.objects.filter(record=sweeper, type=EventType.ORPHAN_DELETED).count() >= 2
+
+
+def test_file_kind_creates_marks_and_deletes(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        record = services.record_declare(
+            kind="file", name="cfg", owner=owner, spec={"path": "svc/app.conf", "content": "port=80\n", "mode": 0o600}
+        )
+    record.refresh_from_db()
+    path = Path(record.outputs["path"])
+    assert record.phase == Phase.READY
+    assert path.read_text() == "port=80\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    from kinds.file import read_marker
+
+    assert read_marker(path) == str(record.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_delete_request(record=owner)
+    assert not path.exists()
+
+
+def test_file_kind_never_adopts_a_strangers_file(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    target = Path(settings.GRAPHENE_FILE_ROOT) / "theirs.txt"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("not yours")
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        record = services.record_declare(
+            kind="file", name="f", owner=owner, spec={"path": "theirs.txt", "content": "x"}
+        )
+        escape = services.record_declare(
+            kind="file", name="g", owner=owner, spec={"path": "../../etc/x", "content": "x"}
+        )
+    assert phases(record, escape) == [Phase.CREATE_FAILED, Phase.CREATE_FAILED]
+    assert "refusing to adopt" in Record.objects.get(pk=record.pk).last_error
+    assert "outside the file root" in Record.objects.get(pk=escape.pk).last_error
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_delete_request(record=owner)
+    assert target.read_text() == "not yours"
+
+
+def test_purge_removes_old_tombstones_whole_subtrees(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    tree = build_tree(django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_delete_request(record=tree["a"])
+    assert services.records_purge(now=timezone.now()) == 0, "within retention nothing is purged"
+    later = timezone.now() + settings.GRAPHENE_TOMBSTONE_RETENTION + timedelta(minutes=1)
+    assert services.records_purge(now=later) == 4
+    assert not Record.objects.filter(pk__in=[tree[n].pk for n in ("a", "a1", "a2", "a1x")]).exists()
+    assert not Event.objects.filter(record_id=tree["a"].pk).exists()
+    assert set(phases(tree["root"], tree["b"], tree["b1"])) == {Phase.READY}
+    check_tree(tree["root"].tree_id)
