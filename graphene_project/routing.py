@@ -2,6 +2,11 @@
 
 from django.urls import path
 
+from apps.pipelines.consumers import RunsConsumer
 from apps.records.consumers import RecordsConsumer
 
-websocket_urlpatterns = [path("ws/records/", RecordsConsumer.as_asgi())]
+websocket_urlpatterns = [
+    path("ws/records/", RecordsConsumer.as_asgi()),
+    path("ws/runs/", RunsConsumer.as_asgi()),
+    path("ws/runs/<uuid:run_id>/", RunsConsumer.as_asgi()),
+]

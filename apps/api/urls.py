@@ -2,11 +2,14 @@
 
 from rest_framework.routers import DefaultRouter
 
+from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
 
 router = DefaultRouter()
 router.register("records", RecordViewSet, basename="record")
 router.register("kinds", KindViewSet, basename="kind")
 router.register("orphans", OrphanViewSet, basename="orphan")
+router.register("pipelines", PipelineViewSet, basename="pipeline")
+router.register("runs", RunViewSet, basename="run")
 
 urlpatterns = router.urls

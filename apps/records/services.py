@@ -159,6 +159,33 @@ def _transition(
     Record.objects.filter(pk__in=[r.pk for r in records]).update(phase=to, updated_at=now, **(fields or {}))
     Event.objects.bulk_create(events)
     _notify(r.pk for r in records)
+    if to in _SETTLING:
+        _wake_runs_on_commit(records)
+
+
+# A run waiting on a record (``Resource.ready()``) is woken when the record reaches one of
+# these; DELETED and DELETE_FAILED always follow DELETING, which already woke it.
+_SETTLING = frozenset({Phase.READY, Phase.CREATE_FAILED, Phase.DRIFTED, Phase.DELETING})
+
+
+def _wake_runs_on_commit(records: Sequence[Record]) -> None:
+    """Tell the runs that declared these records (an explicit call into pipelines, not a signal)."""
+    changed: defaultdict[str, set[str]] = defaultdict(set)
+    for record in records:
+        if record.created_by_run_id is not None:
+            changed[str(record.created_by_run_id)].add(str(record.pk))
+    if not changed:
+        return
+
+    def wake() -> None:
+        from apps.pipelines.services import runs_wake
+
+        try:
+            runs_wake(changed=dict(changed))
+        except Exception:  # the runs' recovery scan finds them if this hint is lost
+            logger.warning("could not wake runs %s", sorted(changed), exc_info=True)
+
+    transaction.on_commit(wake)
 
 
 _local_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)

@@ -60,6 +60,8 @@ INSTALLED_APPS = [
     "channels",
     "apps.core",
     "apps.records",
+    "apps.pipelines",
+    "apps.observability",
     "apps.api",
 ]
 
@@ -149,6 +151,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "apps.records.tasks.records_purge_task",
         "schedule": schedule(timedelta(hours=1)),
     },
+    "runs-recover": {"task": "apps.pipelines.tasks.runs_recover_task", "schedule": schedule(timedelta(seconds=5))},
     "records-sweep-orphans": {
         "task": "apps.records.tasks.records_sweep_task",
         "schedule": schedule(timedelta(minutes=10)),
@@ -210,3 +213,9 @@ GRAPHENE_CREATE_ATTEMPTS = env.integer("GRAPHENE_CREATE_ATTEMPTS", 5)
 GRAPHENE_OPERATION_LEASE_SECONDS = env.integer("GRAPHENE_OPERATION_LEASE_SECONDS", 120)
 # Records deleted by one task (siblings whose children are all gone).
 GRAPHENE_DELETE_BATCH = env.integer("GRAPHENE_DELETE_BATCH", 25)
+# Pipelines: Python modules to import, and directories whose *.py files define pipelines.
+GRAPHENE_PIPELINE_MODULES = env.csv("GRAPHENE_PIPELINE_MODULES", [])
+GRAPHENE_PIPELINE_DIRS = env.csv("GRAPHENE_PIPELINE_DIRS", [str(BASE_DIR / "examples" / "pipelines")])
+# A worker executing a run renews its lease every third of this; a dead worker's run is
+# resumed elsewhere once it expires.
+GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)

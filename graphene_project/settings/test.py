@@ -17,6 +17,8 @@ os.environ.setdefault("GRAPHENE_QUEUE", f"graphene-test-{uuid.uuid4().hex[:8]}")
 os.environ.setdefault("GRAPHENE_DATA_DIR", tempfile.mkdtemp(prefix="graphene-test-"))
 # Short leases so that crash tests see the reconciler pick up lost work within seconds.
 os.environ.setdefault("GRAPHENE_OPERATION_LEASE_SECONDS", "3")
+os.environ.setdefault("GRAPHENE_RUN_LEASE_SECONDS", "4")
+os.environ.setdefault("GRAPHENE_PIPELINE_MODULES", "tests.pipelines.sample")
 
 from graphene_project.settings.base import *  # noqa: F403
 from graphene_project.settings.base import DATA_DIR
@@ -27,3 +29,5 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 GRAPHENE_RETRY_BASE_SECONDS = 0.2
 GRAPHENE_RETRY_MAX_SECONDS = 2.0
 GRAPHENE_FILE_ROOT = DATA_DIR / "test-files"
+# A test database per session, so that concurrent test runs on one machine never collide.
+DATABASES["default"]["TEST"] = {"NAME": f"test_graphene_{os.environ['GRAPHENE_QUEUE'].rsplit('-', 1)[-1]}"}  # noqa: F405

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from apps.pipelines.models import JournalEntry, Pipeline, Run
+
+
+class PipelineOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Pipeline
+        fields = [
+            "name",
+            "description",
+            "source",
+            "input_schema",
+            "output_schema",
+            "concurrency",
+            "timeout_seconds",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class JournalEntryOutput(serializers.ModelSerializer):
+    class Meta:
+        model = JournalEntry
+        fields = ["seq", "call", "status", "result", "error", "created_at", "completed_at"]
+        read_only_fields = fields
+
+
+class RunOutput(serializers.ModelSerializer):
+    pipeline = serializers.CharField(source="pipeline.name", read_only=True)
+    record = serializers.UUIDField(source="record_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "pipeline",
+            "number",
+            "status",
+            "record",
+            "inputs",
+            "outputs",
+            "error",
+            "attempt",
+            "waiting_on",
+            "wake_at",
+            "deadline_at",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class RunStartInput(serializers.Serializer):
+    inputs = serializers.JSONField(required=False, default=dict)

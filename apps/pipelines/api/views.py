@@ -1,0 +1,100 @@
+"""Pipelines and runs over REST: thin views over selectors and services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.api.pagination import NewestFirst
+from apps.pipelines import selectors, services
+from apps.pipelines.api.serializers import JournalEntryOutput, PipelineOutput, RunOutput, RunStartInput
+from apps.pipelines.models import Run
+
+JOURNAL_LIMIT = 1000
+
+
+def _run_detail(run: Run) -> dict[str, Any]:
+    body = dict(RunOutput(run).data)
+    journal = selectors.run_journal(run=run, limit=JOURNAL_LIMIT + 1)
+    body["journal"] = JournalEntryOutput(journal[:JOURNAL_LIMIT], many=True).data
+    body["journal_truncated"] = len(journal) > JOURNAL_LIMIT
+    return body
+
+
+RunDetail = inline_serializer(
+    "RunDetail",
+    fields={
+        "run": RunOutput(),
+        "journal": JournalEntryOutput(many=True),
+        "journal_truncated": serializers.BooleanField(),
+    },
+)
+
+
+class PipelineViewSet(viewsets.ViewSet):
+    """Loaded pipelines with their input and output JSON Schemas; start runs."""
+
+    lookup_field = "name"
+    lookup_value_regex = r"[A-Za-z0-9_.-]+"
+
+    @extend_schema(responses=PipelineOutput(many=True))
+    def list(self, request: Request) -> Response:
+        services.pipelines_sync_all()
+        return Response(PipelineOutput(selectors.pipeline_list(), many=True).data)
+
+    @extend_schema(responses=PipelineOutput)
+    def retrieve(self, request: Request, name: str) -> Response:
+        return Response(PipelineOutput(services.pipeline_sync(services.definition_get(name))).data)
+
+    @extend_schema(request=RunStartInput, responses={201: RunOutput})
+    @action(detail=True, methods=["post"], url_path="runs")
+    def start(self, request: Request, name: str) -> Response:
+        """Start a run; ``inputs`` are validated against the pipeline's schema (400 per field)."""
+        data = RunStartInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        run = services.run_start(pipeline_name=name, inputs=data.validated_data["inputs"], actor=request.user)
+        return Response(RunOutput(run).data, status=status.HTTP_201_CREATED)
+
+
+class RunViewSet(viewsets.GenericViewSet):
+    """Runs: list, get (with journal), cancel, resume."""
+
+    serializer_class = RunOutput
+    pagination_class = NewestFirst
+    queryset = Run.objects.none()
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("pipeline", str),
+            OpenApiParameter("status", str, description="comma-separated statuses"),
+        ],
+        responses=RunOutput(many=True),
+    )
+    def list(self, request: Request) -> Response:
+        statuses = [s for s in request.query_params.get("status", "").split(",") if s]
+        qs = selectors.run_list(user=request.user, pipeline=request.query_params.get("pipeline"), statuses=statuses)
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(RunOutput(page, many=True).data)
+
+    @extend_schema(responses=RunDetail)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(_run_detail(selectors.run_get(user=request.user, run_id=pk)))
+
+    @extend_schema(request=None, responses=RunOutput)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        """Cancel the run: it ends now and everything it owns is deleted, children first."""
+        run = services.run_cancel(run=selectors.run_get(user=request.user, run_id=pk), actor=request.user)
+        return Response(RunOutput(run).data)
+
+    @extend_schema(request=None, responses=RunOutput)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        """Run it again by replay: nothing journaled is redone."""
+        run = services.run_resume(run=selectors.run_get(user=request.user, run_id=pk), actor=request.user)
+        return Response(RunOutput(run).data)

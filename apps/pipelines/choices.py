@@ -1,0 +1,33 @@
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    # Waiting for a worker to take it.
+    QUEUED = "queued", "Queued"
+    # A worker holds the lease and is executing (replaying) the pipeline function.
+    RUNNING = "running", "Running"
+    # Waiting for records to settle or a timer; no worker is held.
+    SUSPENDED = "suspended", "Suspended"
+    # The function returned; everything the run still owned is being deleted.
+    SUCCEEDED = "succeeded", "Succeeded"
+    # The function raised (or diverged from its journal); its resources are being deleted.
+    FAILED = "failed", "Failed"
+    # Someone cancelled the run; its resources are being deleted.
+    CANCELLED = "cancelled", "Cancelled"
+    # The run exceeded its deadline; its resources are being deleted.
+    TIMED_OUT = "timed_out", "Timed out"
+
+
+TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
+ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED})
+
+
+class EntryStatus(models.TextChoices):
+    # An at-most-once step began; it has not reported an outcome.
+    STARTED = "started", "Started"
+    # The call finished; ``result`` is what replay returns.
+    COMPLETED = "completed", "Completed"
+    # The call failed; replay raises the same error.
+    FAILED = "failed", "Failed"
+    # An at-most-once step was interrupted; replay raises OutcomeUnknown.
+    UNKNOWN = "unknown", "Outcome unknown"

@@ -1,0 +1,473 @@
+"""The execution engine: runs a pipeline function by replaying its journal (I5).
+
+Each SDK call takes the next sequence number. If the journal has an entry there, the call
+must be the same (else ``NonDeterminismError``) and returns the recorded result; otherwise
+it acts and journals. Journal writes are *fenced*: they succeed only while this worker holds
+the run's lease and the run is still running, so a worker that lost its lease (it was too
+slow, or the run was cancelled) cannot write anything more and stops at its next call.
+
+``Resource.ready()`` on a record that has not settled, and ``ctx.sleep`` before its time,
+*suspend* the run: the worker is released and the run is re-queued when a record it waits
+on settles (records call ``runs_wake``) or its timer is due (beat).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from graphene_sdk import Context, NonDeterminismError, OutcomeUnknown, ResourceFailed, StepFailed, StepTimeout
+from graphene_sdk import Pipeline as Definition
+from graphene_sdk._context import Guarantee
+from pydantic import BaseModel
+
+from apps.core.errors import GrapheneError as ServiceError
+from apps.observability.services import log_write
+from apps.pipelines import services
+from apps.pipelines.choices import EntryStatus, RunStatus
+from apps.pipelines.models import JournalEntry, Run
+from apps.records import services as records
+from apps.records.choices import Phase
+from apps.records.models import Record
+
+logger = logging.getLogger(__name__)
+
+# Phases in which ready() waits; every other phase is settled.
+WAITING_PHASES = frozenset({Phase.PENDING, Phase.CREATING, Phase.UPDATING})
+READY_PHASES = frozenset({Phase.READY, Phase.DRIFTED})
+
+
+class _Suspend(BaseException):
+    """Unwinds the pipeline function to release the worker (not catchable as Exception)."""
+
+    def __init__(self, *, waiting_on: list[str] | None = None, wake_at: datetime | None = None) -> None:
+        super().__init__("suspend")
+        self.waiting_on = waiting_on or []
+        self.wake_at = wake_at
+
+
+class _Fenced(BaseException):
+    """This worker may no longer act for the run (lease lost, run cancelled or ended)."""
+
+
+def _result(entry: JournalEntry) -> dict[str, Any]:
+    result: dict[str, Any] = entry.result or {}
+    return result
+
+
+def _json(value: Any) -> Any:
+    """The JSON form replay will return; the first execution returns the same."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return json.loads(json.dumps(value))
+
+
+class Execution:
+    """One attempt at executing a run, holding its lease (the ``Runtime`` of its Context)."""
+
+    def __init__(self, run: Run, token: uuid.UUID, definition: Definition[Any, Any]) -> None:
+        self.run = run
+        self.run_id = str(run.pk)
+        self.token = token
+        self.definition = definition
+        self.entries = list(JournalEntry.objects.filter(run=run).order_by("seq"))
+        self.seq = 0
+        self.divergence: NonDeterminismError | None = None
+        self.lost = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # --- journal -----------------------------------------------------------------------------
+
+    @property
+    def replaying(self) -> bool:
+        return self.seq < len(self.entries)
+
+    def _next(self, call: str) -> JournalEntry | None:
+        if self.lost.is_set():
+            raise _Fenced
+        if self.divergence is not None:
+            raise self.divergence
+        self.seq += 1
+        if self.seq > len(self.entries):
+            return None
+        entry = self.entries[self.seq - 1]
+        if entry.call != call:
+            self.divergence = NonDeterminismError(
+                f"non-deterministic pipeline: call #{self.seq} is {call!r} but the journal recorded "
+                f"{entry.call!r}; the program changed since this run started",
+                seq=self.seq,
+                journaled=entry.call,
+                called=call,
+            )
+            raise self.divergence
+        return entry
+
+    def _fence_sql(self) -> tuple[str, list[Any]]:
+        return (
+            "EXISTS (SELECT 1 FROM pipelines_run WHERE id = %s AND lease_token = %s AND status = %s)",
+            [self._db(self.run.pk), self._db(self.token), RunStatus.RUNNING],
+        )
+
+    @staticmethod
+    def _db(value: uuid.UUID) -> Any:
+        return value if connection.vendor == "postgresql" else value.hex
+
+    def _write(self, seq: int, call: str, status: str, result: Any = None, error: str = "") -> None:
+        """Insert or complete the journal entry ``seq`` in one fenced statement."""
+        now = timezone.now()
+        fence, fence_params = self._fence_sql()
+        cast = "::jsonb" if connection.vendor == "postgresql" else ""
+        payload = json.dumps(result)
+        done = now if status != EntryStatus.STARTED else None
+        with connection.cursor() as cursor:
+            if any(e.seq == seq for e in self.entries):
+                cursor.execute(
+                    f"UPDATE pipelines_journalentry SET status = %s, result = %s{cast}, error = %s, completed_at = %s "  # noqa: S608
+                    f"WHERE run_id = %s AND seq = %s AND {fence}",
+                    [status, payload, error, done, self._db(self.run.pk), seq, *fence_params],
+                )
+            else:
+                cursor.execute(
+                    "INSERT INTO pipelines_journalentry "
+                    "(run_id, seq, call, status, result, error, created_at, completed_at) "
+                    f"SELECT %s, %s, %s, %s, %s{cast}, %s, %s, %s WHERE {fence}",
+                    [self._db(self.run.pk), seq, call, status, payload, error, now, done, *fence_params],
+                )
+            if cursor.rowcount != 1:
+                self.lost.set()
+                raise _Fenced
+        entry = JournalEntry(
+            run_id=self.run.pk, seq=seq, call=call, status=status, result=result, error=error, created_at=now
+        )
+        self.entries = [e for e in self.entries if e.seq != seq] + [entry]
+        self.entries.sort(key=lambda e: e.seq)
+
+    def _check_fence(self) -> None:
+        alive = Run.objects.filter(pk=self.run.pk, lease_token=self.token, status=RunStatus.RUNNING).exists()
+        if not alive:
+            self.lost.set()
+            raise _Fenced
+
+    # --- Runtime: declarations ---------------------------------------------------------------
+
+    def declare(
+        self, kind: str, name: str, spec: Mapping[str, Any], labels: Mapping[str, str], parent: str | None
+    ) -> str:
+        call = f"declare {kind}/{name}" + (f" under {parent}" if parent else "")
+        entry = self._next(call)
+        if entry is not None:
+            return str(_result(entry)["record_id"])
+        with transaction.atomic():
+            run = Run.objects.select_for_update(no_key=True).get(pk=self.run.pk)
+            if run.lease_token != self.token or run.status != RunStatus.RUNNING:
+                self.lost.set()
+                raise _Fenced
+            owner = self._owner(parent, run)
+            try:
+                record = records.record_declare(kind=kind, name=name, owner=owner, spec=dict(spec), labels=dict(labels))
+            except ServiceError as exc:
+                raise ResourceFailed(f"cannot declare {kind}/{name}: {exc.detail}") from None
+            self._write(self.seq, call, EntryStatus.COMPLETED, {"record_id": str(record.pk)})
+        return str(record.pk)
+
+    def _owner(self, parent: str | None, run: Run) -> Record:
+        if run.record_id is None:
+            raise ResourceFailed("this run has no record to own declarations")
+        if parent is None:
+            return Record.objects.get(pk=run.record_id)
+        owner = Record.objects.filter(pk=parent).first()
+        root = Record.objects.get(pk=run.record_id)
+        if owner is None or owner.tree_id != root.tree_id:
+            raise ResourceFailed(f"parent {parent} is not a record owned by this run")
+        return owner
+
+    def ready(self, record_id: str, label: str) -> tuple[dict[str, Any] | None, ResourceFailed | None]:
+        call = f"ready {label}"
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.COMPLETED:
+                return dict(_result(entry)["outputs"]), None
+            return None, ResourceFailed(entry.error, record_id=record_id, phase=(entry.result or {}).get("phase", ""))
+        record = (
+            Record.objects.filter(pk=record_id).only("phase", "outputs", "last_error", "deletion_requested_at").first()
+        )
+        if record is None:
+            error = ResourceFailed(f"{label}: record {record_id} does not exist", record_id=record_id)
+        elif record.phase in WAITING_PHASES and record.deletion_requested_at is None:
+            raise _Suspend(waiting_on=[record_id])
+        elif record.phase in READY_PHASES and record.deletion_requested_at is None:
+            self._write(self.seq, call, EntryStatus.COMPLETED, {"outputs": record.outputs})
+            return dict(record.outputs), None
+        else:
+            why = record.last_error or ("it is being deleted" if record.deletion_requested_at else "")
+            error = ResourceFailed(
+                f"{label} is {record.phase}: {why}".rstrip(": "), record_id=record_id, phase=record.phase
+            )
+        self._write(self.seq, call, EntryStatus.FAILED, {"phase": error.phase}, str(error))
+        return None, error
+
+    def delete(self, record_id: str, label: str) -> None:
+        call = f"delete {label}"
+        if self._next(call) is not None:
+            return
+        with transaction.atomic():
+            record = Record.objects.filter(pk=record_id).first()
+            if record is not None:
+                records.record_delete_request(record=record, reason="DeletedByRun")
+            self._write(self.seq, call, EntryStatus.COMPLETED, {"record_id": record_id})
+
+    # --- Runtime: steps, timers, logs -------------------------------------------------------
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        guarantee: Guarantee,
+        timeout: float | None,
+        retries: int,
+    ) -> Any:
+        call = f"step {name}"
+        entry = self._next(call)
+        seq = self.seq
+        if entry is not None:
+            if entry.status == EntryStatus.COMPLETED:
+                return _result(entry)["value"]
+            if entry.status == EntryStatus.FAILED:
+                info = entry.result or {}
+                cls = StepTimeout if info.get("timeout") else StepFailed
+                raise cls(entry.error, step=name, error_type=info.get("type", "Exception"))
+            # STARTED (interrupted) or UNKNOWN: never run an at-most-once step twice.
+            message = f"step {name!r} (at most once) was interrupted; it may or may not have taken effect"
+            if entry.status == EntryStatus.STARTED:
+                self._write(seq, call, EntryStatus.UNKNOWN, None, message)
+            raise OutcomeUnknown(message, step=name)
+        if guarantee == "at_most_once":
+            self._write(seq, call, EntryStatus.STARTED)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                value = _json(self._call(fn, args, kwargs, timeout, name))
+                break
+            except (TypeError, ValueError) as exc:
+                if "JSON" in str(exc) or "serializable" in str(exc):
+                    error: BaseException = TypeError(f"step {name!r} returned a value that cannot be journaled: {exc}")
+                else:
+                    error = exc
+            except StepTimeout as exc:
+                error = exc
+            except Exception as exc:
+                error = exc
+            if attempt > retries:
+                is_timeout = isinstance(error, StepTimeout)
+                text = str(error) if is_timeout else f"step {name!r} failed: {type(error).__name__}: {error}"
+                self._write(seq, call, EntryStatus.FAILED, {"type": type(error).__name__, "timeout": is_timeout}, text)
+                cls = StepTimeout if is_timeout else StepFailed
+                raise cls(text, step=name, error_type=type(error).__name__) from error
+            self._pause(min(settings.GRAPHENE_RETRY_BASE_SECONDS * 2 ** (attempt - 1), 30.0))
+        self._write(seq, call, EntryStatus.COMPLETED, {"value": value})
+        return value
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"step-{self.run_id[:8]}")
+        return self._pool
+
+    def _abandon(self) -> None:
+        """Leave a step thread that will not stop (timeout, cancel) and use a fresh one."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None, name: str
+    ) -> Any:
+        """Run a step in a thread so that a cancel or a timeout does not wait for it."""
+        future = self._executor().submit(fn, *args, **kwargs)
+        started = time.monotonic()
+        while True:
+            wait = 0.5 if timeout is None else min(0.5, max(0.0, timeout - (time.monotonic() - started)))
+            try:
+                return future.result(timeout=wait)
+            except FutureTimeout:
+                pass
+            if timeout is not None and time.monotonic() - started >= timeout:
+                self._abandon()
+                raise StepTimeout(f"step {name!r} timed out after {timeout:g}s", step=name, error_type="StepTimeout")
+            try:
+                self._check_fence()
+            except _Fenced:
+                self._abandon()
+                raise
+
+    def _pause(self, seconds: float) -> None:
+        if self.lost.wait(seconds):
+            raise _Fenced
+
+    def sleep(self, seconds: float) -> None:
+        entry = self._next("sleep")
+        if entry is not None:
+            wake_at = parse_datetime(_result(entry)["wake_at"])
+            assert wake_at is not None
+        else:
+            wake_at = timezone.now() + timedelta(seconds=seconds)
+            self._write(self.seq, "sleep", EntryStatus.COMPLETED, {"wake_at": wake_at.isoformat(), "seconds": seconds})
+        if timezone.now() < wake_at:
+            raise _Suspend(wake_at=wake_at)
+
+    def log(self, message: str, level: str) -> None:
+        if self.replaying or self.run.record_id is None:
+            return
+        log_write(record_id=self.run.record_id, message=message, severity=level, source="run")
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._abandon()
+
+
+class _Heartbeat(threading.Thread):
+    """Extends the run's lease while the function executes; flags the execution if it lost it."""
+
+    def __init__(self, execution: Execution) -> None:
+        super().__init__(name=f"lease-{execution.run_id[:8]}", daemon=True)
+        self.execution = execution
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        lease = settings.GRAPHENE_RUN_LEASE_SECONDS
+        try:
+            while not self.stopped.wait(lease / 3):
+                extended = Run.objects.filter(
+                    pk=self.execution.run.pk, lease_token=self.execution.token, status=RunStatus.RUNNING
+                ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
+                if not extended:
+                    self.execution.lost.set()
+                    return
+        finally:
+            connection.close()
+
+
+def _acquire(run_id: Any) -> tuple[Run, uuid.UUID] | None:
+    """Take the run's lease if it is queued (or its previous holder's lease expired)."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
+        if run is None:
+            return None
+        expired = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)
+        timer_due = run.status == RunStatus.SUSPENDED and run.wake_at is not None and run.wake_at <= now
+        if run.status != RunStatus.QUEUED and not expired and not timer_due:
+            return None
+        token = uuid.uuid4()
+        services._set_status(
+            run,
+            RunStatus.RUNNING,
+            lease_token=token,
+            lease_expires_at=now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS),
+            attempt=run.attempt + 1,
+            started_at=run.started_at or now,
+            waiting_on=[],
+            wake_at=None,
+        )
+    return run, token
+
+
+def _suspend(execution: Execution, waiting_on: list[str], wake_at: datetime | None) -> None:
+    with transaction.atomic():
+        run = Run.objects.select_for_update(no_key=True).get(pk=execution.run.pk)
+        if run.lease_token != execution.token or run.status != RunStatus.RUNNING:
+            return
+        settled = (
+            Record.objects.filter(pk__in=waiting_on)
+            .exclude(phase__in=list(WAITING_PHASES), deletion_requested_at__isnull=True)
+            .exists()
+        )
+        due = wake_at is not None and wake_at <= timezone.now()
+        if settled or due:
+            # What we wait for happened while we were unwinding: go again at once.
+            services._set_status(run, RunStatus.QUEUED, lease_token=None, lease_expires_at=None)
+            services._enqueue_on_commit(run.pk)
+            return
+        services._set_status(
+            run, RunStatus.SUSPENDED, lease_token=None, lease_expires_at=None, waiting_on=waiting_on, wake_at=wake_at
+        )
+        if wake_at is not None:
+            services._enqueue_on_commit(run.pk, countdown=max(0.0, (wake_at - timezone.now()).total_seconds()))
+
+
+def _output(definition: Definition[Any, Any], value: Any) -> Any:
+    if value is None:
+        return None
+    if definition.output is not None and not isinstance(value, definition.output):
+        raise TypeError(
+            f"{definition.name} must return {definition.output.__name__} or None, not {type(value).__name__}"
+        )
+    return _json(value)
+
+
+def run_execute(*, run_id: Any) -> None:
+    """Execute (replay) a run until it ends or suspends. The Celery task's body."""
+    close_old_connections()
+    acquired = _acquire(run_id)
+    if acquired is None:
+        return
+    run, token = acquired
+    try:
+        definition = services.definition_get(run.pipeline.name)
+        inputs = definition.inputs.model_validate(run.inputs)
+    except Exception as exc:
+        services.run_finish(run=run, status=RunStatus.FAILED, error=f"cannot load the pipeline: {exc}", token=token)
+        return
+    execution = Execution(run, token, definition)
+    heartbeat = _Heartbeat(execution)
+    heartbeat.start()
+    try:
+        try:
+            value = definition.fn(Context(execution), inputs)
+            if execution.divergence is not None:
+                raise execution.divergence
+            if len(execution.entries) > execution.seq:
+                extra = execution.entries[execution.seq]
+                raise NonDeterminismError(
+                    f"non-deterministic pipeline: the program ended after {execution.seq} calls but the journal "
+                    f"recorded call #{extra.seq} {extra.call!r}",
+                    seq=extra.seq,
+                    journaled=extra.call,
+                    called="(end of program)",
+                )
+            outputs = _output(definition, value)
+        except _Suspend as suspend:
+            _suspend(execution, suspend.waiting_on, suspend.wake_at)
+            return
+        except _Fenced:
+            logger.info("run %s: lease lost or run ended; this worker stops", run_id)
+            return
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            error = exc if execution.divergence is None else execution.divergence
+            text = "".join(traceback.format_exception_only(type(error), error)).strip()
+            if not isinstance(error, NonDeterminismError | OutcomeUnknown | StepFailed | ResourceFailed):
+                text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            services.run_finish(run=run, status=RunStatus.FAILED, error=text, token=token)
+            return
+        services.run_finish(run=run, status=RunStatus.SUCCEEDED, outputs=outputs, token=token)
+    finally:
+        heartbeat.stopped.set()
+        execution.close()

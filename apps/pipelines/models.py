@@ -1,0 +1,93 @@
+"""Pipelines, runs and their journals."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from apps.core.models import TimeStampedModel
+from apps.pipelines.choices import EntryStatus, RunStatus
+
+
+class Pipeline(TimeStampedModel):
+    """A pipeline definition as last loaded from code: name, schemas, policies."""
+
+    name = models.CharField(max_length=200, unique=True)
+    source = models.CharField(max_length=400, help_text="module:function")
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField(default=dict)
+    output_schema = models.JSONField(null=True, blank=True)
+    concurrency = models.CharField(max_length=20, default="parallel")
+    timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # False when the code defining it is no longer loaded: kept for its runs' history.
+    is_loaded = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Run(TimeStampedModel):
+    """One execution of a pipeline: a recoverable process whose record roots its tree."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.PROTECT, related_name="runs")
+    number = models.PositiveIntegerField(help_text="per-pipeline sequence number")
+    record = models.ForeignKey(
+        "records.Record", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
+    )
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    inputs = models.JSONField(default=dict)
+    outputs = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    # Execution lease: the worker holding ``lease_token`` may write the journal until expiry.
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    # Why it is suspended: records it waits on and/or a timer.
+    waiting_on = models.JSONField(default=list, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pipeline", "number"], name="run_unique_number")]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="run_status_created"),
+            # Lease sweeper: only running runs carry a lease.
+            models.Index(fields=["lease_expires_at"], name="run_lease", condition=Q(status="running")),
+            # Timer sweeper: only suspended runs with a timer.
+            models.Index(fields=["wake_at"], name="run_timer", condition=Q(status="suspended")),
+            models.Index(
+                fields=["deadline_at"],
+                name="run_deadline",
+                condition=Q(status__in=["queued", "running", "suspended"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline_id}#{self.number}"
+
+
+class JournalEntry(models.Model):
+    """One SDK call of a run, keyed by its sequence number and call name (I5)."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="journal")
+    seq = models.PositiveIntegerField()
+    call = models.CharField(max_length=400)
+    status = models.CharField(max_length=12, choices=EntryStatus.choices)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="journal_unique_seq")]
+        ordering = ["run", "seq"]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.call}"

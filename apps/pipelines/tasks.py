@@ -1,0 +1,20 @@
+"""Celery entry points for runs: ids in, one service call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.db import DatabaseError
+
+from apps.pipelines import engine, services
+
+
+@shared_task(acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=1, retry_backoff_max=30, max_retries=8)
+def run_execute_task(run_id: str) -> None:
+    engine.run_execute(run_id=run_id)
+
+
+@shared_task(acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=1, max_retries=3)
+def runs_recover_task() -> dict[str, Any]:
+    return services.runs_recover()

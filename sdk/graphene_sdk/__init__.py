@@ -1,0 +1,38 @@
+"""graphene_sdk: write pipelines as Python programs and drive Graphene from Python.
+
+The names exported here are the SDK's contract (a test pins ``__all__``).
+"""
+
+from graphene_sdk._client import Client, RunHandle, RunInfo
+from graphene_sdk._context import Context, Guarantee, Resource
+from graphene_sdk._errors import (
+    ClientError,
+    GrapheneError,
+    NonDeterminismError,
+    OutcomeUnknown,
+    ResourceFailed,
+    RunCancelled,
+    StepFailed,
+    StepTimeout,
+)
+from graphene_sdk._pipeline import Pipeline, pipeline, registered
+
+__all__ = [
+    "Client",
+    "ClientError",
+    "Context",
+    "GrapheneError",
+    "Guarantee",
+    "NonDeterminismError",
+    "OutcomeUnknown",
+    "Pipeline",
+    "Resource",
+    "ResourceFailed",
+    "RunCancelled",
+    "RunHandle",
+    "RunInfo",
+    "StepFailed",
+    "StepTimeout",
+    "pipeline",
+    "registered",
+]

@@ -1,0 +1,66 @@
+"""The SDK's errors. Everything the SDK raises on purpose derives from ``GrapheneError``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GrapheneError(Exception):
+    """Root of every error raised by graphene_sdk."""
+
+
+class ResourceFailed(GrapheneError):
+    """A declared resource could not be created (or was deleted) — ``Resource.ready()``."""
+
+    def __init__(self, message: str, *, record_id: str = "", phase: str = "") -> None:
+        super().__init__(message)
+        self.record_id = record_id
+        self.phase = phase
+
+
+class StepFailed(GrapheneError):
+    """A checkpointed step raised after its retries; replay raises it again, identically."""
+
+    def __init__(self, message: str, *, step: str, error_type: str) -> None:
+        super().__init__(message)
+        self.step = step
+        self.error_type = error_type
+
+
+class StepTimeout(StepFailed):
+    """A step ran longer than its ``timeout``."""
+
+
+class OutcomeUnknown(GrapheneError):
+    """An at-most-once step was interrupted (crash or cancel): it may or may not have acted.
+
+    Graphene never runs such a step a second time; the pipeline decides what to do.
+    """
+
+    def __init__(self, message: str, *, step: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class NonDeterminismError(GrapheneError):
+    """The program no longer matches its journal: replay refuses to guess."""
+
+    def __init__(self, message: str, *, seq: int, journaled: str, called: str) -> None:
+        super().__init__(message)
+        self.seq = seq
+        self.journaled = journaled
+        self.called = called
+
+
+class RunCancelled(GrapheneError):
+    """The run was cancelled while the pipeline was running."""
+
+
+class ClientError(GrapheneError):
+    """The Graphene server refused a client request; ``fields`` has per-field errors."""
+
+    def __init__(self, message: str, *, status: int, code: str = "", fields: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.fields = fields or {}

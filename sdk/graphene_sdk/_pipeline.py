@@ -1,0 +1,106 @@
+"""``@pipeline``: a typed, registered pipeline definition."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from graphene_sdk._context import Context
+
+InputT = TypeVar("InputT", bound=BaseModel)
+OutputT = TypeVar("OutputT", bound="BaseModel | None")
+
+Concurrency = Literal["parallel", "queue", "cancel_previous"]
+
+
+@dataclass(frozen=True)
+class Pipeline(Generic[InputT, OutputT]):
+    """A registered pipeline: its function, its input and output models and its policies."""
+
+    name: str
+    fn: Callable[[Context, InputT], OutputT]
+    inputs: type[InputT]
+    output: type[BaseModel] | None
+    concurrency: Concurrency = "parallel"
+    timeout: timedelta | None = None
+    triggers: Sequence[Any] = field(default_factory=tuple)
+    description: str = ""
+
+    @property
+    def source(self) -> str:
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.inputs.model_json_schema()
+
+    def output_schema(self) -> dict[str, Any] | None:
+        return self.output.model_json_schema() if self.output is not None else None
+
+    def __call__(self, ctx: Context, inputs: InputT) -> OutputT:
+        return self.fn(ctx, inputs)
+
+
+_REGISTRY: dict[str, Pipeline[Any, Any]] = {}
+
+
+def registered() -> dict[str, Pipeline[Any, Any]]:
+    """Every pipeline defined by the modules imported so far, by name."""
+    return dict(_REGISTRY)
+
+
+def _output_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception:  # an unresolvable annotation means "no declared output model"
+        return None
+    ret = hints.get("return")
+    if isinstance(ret, type) and issubclass(ret, BaseModel):
+        return ret
+    args = getattr(ret, "__args__", ())
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def pipeline(
+    name: str,
+    *,
+    inputs: type[InputT],
+    concurrency: Concurrency = "parallel",
+    timeout: timedelta | None = None,
+    triggers: Sequence[Any] = (),
+) -> Callable[[Callable[[Context, InputT], OutputT]], Pipeline[InputT, OutputT]]:
+    """Declare ``fn(ctx, inputs) -> Output | None`` as the pipeline ``name``.
+
+    ``inputs`` is a pydantic model; its JSON Schema is what the API validates starts against.
+    """
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise ValueError(f"pipeline name {name!r}: use letters, digits, '-', '_' and '.'")
+    if not (isinstance(inputs, type) and issubclass(inputs, BaseModel)):
+        raise TypeError(f"pipeline {name!r}: inputs must be a pydantic BaseModel subclass")
+    if concurrency not in ("parallel", "queue", "cancel_previous"):
+        raise ValueError(f"pipeline {name!r}: concurrency must be parallel, queue or cancel_previous")
+
+    def register(fn: Callable[[Context, InputT], OutputT]) -> Pipeline[InputT, OutputT]:
+        existing = _REGISTRY.get(name)
+        definition: Pipeline[InputT, OutputT] = Pipeline(
+            name=name,
+            fn=fn,
+            inputs=inputs,
+            output=_output_model(fn),
+            concurrency=concurrency,
+            timeout=timeout,
+            triggers=tuple(triggers),
+            description=inspect.getdoc(fn) or "",
+        )
+        if existing is not None and existing.source != definition.source:
+            raise ValueError(f"pipeline {name!r} is defined twice: {existing.source} and {definition.source}")
+        _REGISTRY[name] = definition
+        return definition
+
+    return register

@@ -1,0 +1,167 @@
+"""Pipelines the tests run (loaded by the test settings through GRAPHENE_PIPELINE_MODULES).
+
+Side effects are appended to files under the data directory so that tests, running in
+another process than the workers, can count how many times a step really executed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from django.conf import settings
+from graphene_sdk import Context, OutcomeUnknown, pipeline
+from pydantic import BaseModel, Field
+
+
+def effects_file(run_id: str, name: str) -> Path:
+    folder = Path(settings.DATA_DIR) / "effects"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{run_id}-{name}"
+
+
+def effect(run_id: str, name: str, value: str = "x") -> str:
+    with effects_file(run_id, name).open("a") as fh:
+        fh.write(value + "\n")
+    return value
+
+
+def effect_count(run_id: str, name: str) -> int:
+    path = effects_file(run_id, name)
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+class TreeInputs(BaseModel):
+    branches: int = Field(default=2, ge=1, le=10)
+    leaves: int = Field(default=2, ge=0, le=10)
+    create_ms: int = Field(default=0, ge=0)
+    step_ms: int = Field(default=0, ge=0)
+
+
+class TreeOutput(BaseModel):
+    records: int
+    steps: list[str]
+
+
+@pipeline("sample.tree", inputs=TreeInputs)
+def tree(ctx: Context, inputs: TreeInputs) -> TreeOutput:
+    """A small environment: branches with leaves; waits on the branches, runs a step per branch."""
+    branches = [
+        ctx.declare("test.sleep", f"branch-{b}", {"create_ms": inputs.create_ms}) for b in range(inputs.branches)
+    ]
+    leaves = [
+        ctx.declare("test.sleep", f"leaf-{b}-{i}", {"create_ms": inputs.create_ms}, parent=branch)
+        for b, branch in enumerate(branches)
+        for i in range(inputs.leaves)
+    ]
+    done = []
+    for branch in branches:
+        outputs = branch.ready()
+        ctx.log(f"{branch.name} is ready: {outputs['object']}")
+        done.append(ctx.step(f"use-{branch.name}", _work, ctx.run_id, branch.name, inputs.step_ms))
+    return TreeOutput(records=len(branches) + len(leaves), steps=done)
+
+
+def _work(run_id: str, name: str, ms: int) -> str:
+    time.sleep(ms / 1000)
+    return effect(run_id, f"work-{name}", name)
+
+
+class StepInputs(BaseModel):
+    guarantee: str = "at_least_once"
+    seconds: float = 0.0
+    catch_unknown: bool = False
+
+
+@pipeline("sample.step", inputs=StepInputs)
+def one_step(ctx: Context, inputs: StepInputs) -> None:
+    """One slow step that leaves a trace each time it really starts."""
+    try:
+        ctx.step("act", _slow, ctx.run_id, inputs.seconds, guarantee=inputs.guarantee)  # type: ignore[arg-type]
+    except OutcomeUnknown:
+        effect(ctx.run_id, "outcome-unknown")
+        if not inputs.catch_unknown:
+            raise
+    ctx.step("after", effect, ctx.run_id, "after")
+
+
+def _slow(run_id: str, seconds: float) -> str:
+    effect(run_id, "act-started")
+    time.sleep(seconds)
+    return effect(run_id, "act-finished")
+
+
+class Empty(BaseModel):
+    pass
+
+
+@pipeline("sample.diverge", inputs=Empty)
+def diverge(ctx: Context, inputs: Empty) -> None:
+    """Calls change when the flag file exists, as if the code changed between attempts."""
+    ctx.step("first", effect, ctx.run_id, "first")
+    if effects_file(ctx.run_id, "flag").exists():
+        ctx.step("renamed", effect, ctx.run_id, "renamed")
+    else:
+        ctx.step("second", effect, ctx.run_id, "second")
+    ctx.sleep(30)
+
+
+@pipeline("sample.sleep", inputs=Empty)
+def sleeper(ctx: Context, inputs: Empty) -> None:
+    ctx.step("before", effect, ctx.run_id, "before")
+    ctx.sleep(1.0)
+    ctx.step("after", effect, ctx.run_id, "after")
+
+
+class FailInputs(BaseModel):
+    retries: int = 0
+    fail_times: int = 10
+
+
+@pipeline("sample.fail", inputs=FailInputs)
+def failing(ctx: Context, inputs: FailInputs) -> None:
+    """A declared record, then a step that fails ``fail_times`` times."""
+    ctx.declare("test.sleep", "doomed")
+    ctx.step("flaky", _flaky, ctx.run_id, inputs.fail_times, retries=inputs.retries)
+
+
+def _flaky(run_id: str, fail_times: int) -> str:
+    if effect_count(run_id, "flaky") < fail_times:
+        effect(run_id, "flaky")
+        raise RuntimeError("boom")
+    return "ok"
+
+
+class NoopInputs(BaseModel):
+    steps: int = Field(default=200, ge=0, le=100_000)
+
+
+@pipeline("sample.noop", inputs=NoopInputs)
+def noop(ctx: Context, inputs: NoopInputs) -> None:
+    """``steps`` no-op checkpointed steps (the step-overhead benchmark)."""
+    for i in range(inputs.steps):
+        ctx.step(f"noop-{i}", _noop)
+
+
+def _noop() -> None:
+    return None
+
+
+class WaitInputs(BaseModel):
+    create_ms: int = 0
+    failures: int = 0
+
+
+class WaitOutput(BaseModel):
+    ok: bool
+    error: str
+    pid: int
+
+
+@pipeline("sample.wait", inputs=WaitInputs)
+def wait_one(ctx: Context, inputs: WaitInputs) -> WaitOutput:
+    """Waits on one record (test.flaky: fails permanently when ``failures`` > 0)."""
+    spec = {"create_ms": inputs.create_ms, "create_failures": inputs.failures, "permanent": inputs.failures > 0}
+    _, error = ctx.declare("test.flaky", "thing", spec).try_ready()
+    return WaitOutput(ok=error is None, error=str(error) if error else "", pid=os.getpid())

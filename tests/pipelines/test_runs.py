@@ -1,0 +1,206 @@
+"""Durable runs against real worker processes: replay, suspend, cancel, crash, divergence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.pipelines import services
+from apps.pipelines.choices import EntryStatus, RunStatus
+from apps.pipelines.models import JournalEntry, Run
+from apps.records.choices import Phase
+from apps.records.models import Record
+from kinds.testing import objects_of
+from tests.conftest import Worker, wait_for
+from tests.pipelines.sample import effect_count, effects_file
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+def start(name: str, **inputs: Any) -> Run:
+    return services.run_start(pipeline_name=name, inputs=inputs)
+
+
+def status(run: Run) -> str:
+    return Run.objects.get(pk=run.pk).status
+
+
+def finished(run: Run, timeout: float = 60) -> Run:
+    wait_for(
+        lambda: status(run) in {"succeeded", "failed", "cancelled", "timed_out"}, timeout=timeout, what=f"{run} to end"
+    )
+    return Run.objects.get(pk=run.pk)
+
+
+def tree_records(run: Run) -> list[Record]:
+    assert run.record_id is not None
+    root = Record.objects.get(pk=run.record_id)
+    return list(Record.objects.filter(tree_id=root.tree_id))
+
+
+def all_deleted(run: Run) -> bool:
+    return all(r.phase == Phase.DELETED for r in tree_records(run))
+
+
+def test_a_run_converges_in_parallel_succeeds_and_cleans_up(workers: list[Worker]) -> None:
+    run = start("sample.tree", branches=3, leaves=2, create_ms=300)
+    run = finished(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.outputs == {"records": 9, "steps": ["branch-0", "branch-1", "branch-2"]}
+    wait_for(lambda: all_deleted(run), timeout=30, what="the run's tree to be deleted")
+    declared = [r for r in tree_records(run) if r.kind == "test.sleep"]
+    assert len(declared) == 9
+    assert all(objects_of(str(r.pk)) == [] for r in declared)
+    calls = list(JournalEntry.objects.filter(run=run).order_by("seq").values_list("call", flat=True))
+    assert calls[:3] == ["declare test.sleep/branch-0", "declare test.sleep/branch-1", "declare test.sleep/branch-2"]
+    assert "step use-branch-2" in calls
+    # Parallel convergence: nine 300 ms creates did not take 9 x 300 ms one after another.
+    assert run.finished_at is not None
+    assert run.started_at is not None
+    assert (run.finished_at - run.started_at).total_seconds() < 9 * 0.3
+
+
+def test_waiting_releases_the_worker(start_worker: Callable[..., Worker]) -> None:
+    start_worker("solo", concurrency=1)
+    runs = [start("sample.wait", create_ms=2500) for _ in range(3)]
+    # One pool process, three runs each waiting 2.5 s on a record: all three are suspended at
+    # the same time, which is only possible if waiting does not hold the process.
+    wait_for(lambda: all(status(r) == RunStatus.SUSPENDED for r in runs), timeout=20, what="all three suspended")
+    for run in runs:
+        assert finished(run).status == RunStatus.SUCCEEDED
+        assert (Run.objects.get(pk=run.pk).outputs or {})["ok"] is True
+
+
+def test_resource_failure_reaches_the_pipeline(workers: list[Worker]) -> None:
+    run = finished(start("sample.wait", failures=1))
+    assert run.status == RunStatus.SUCCEEDED
+    outputs = run.outputs or {}
+    assert outputs["ok"] is False
+    assert "injected create failure" in outputs["error"]
+
+
+def test_cancel_during_convergence_deletes_everything(workers: list[Worker]) -> None:
+    run = start("sample.tree", branches=2, leaves=3, create_ms=4000)
+    wait_for(
+        lambda: Record.objects.filter(created_by_run_id=run.record_id, phase=Phase.CREATING).exists(), what="creating"
+    )
+    services.run_cancel(run=run)
+    assert status(run) == RunStatus.CANCELLED
+    wait_for(lambda: all_deleted(run), timeout=60, what="everything the run owned to be deleted")
+    declared = [r for r in tree_records(run) if r.kind == "test.sleep"]
+    assert declared
+    assert all(objects_of(str(r.pk)) == [] for r in declared), "no external object survives the cancel"
+
+
+def test_cancel_during_an_at_most_once_step_gives_outcome_unknown_on_resume(workers: list[Worker]) -> None:
+    run = start("sample.step", guarantee="at_most_once", seconds=3, catch_unknown=True)
+    wait_for(lambda: effect_count(str(run.pk), "act-started") == 1, what="the step to start")
+    services.run_cancel(run=run)
+    assert finished(run).status == RunStatus.CANCELLED
+    services.run_resume(run=Run.objects.get(pk=run.pk))
+    run = finished(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert effect_count(str(run.pk), "outcome-unknown") == 1
+    assert effect_count(str(run.pk), "act-started") == 1, "an at-most-once step never runs twice"
+    entry = JournalEntry.objects.get(run=run, call="step act")
+    assert entry.status == EntryStatus.UNKNOWN
+
+
+def test_uncaught_outcome_unknown_fails_the_run(workers: list[Worker]) -> None:
+    run = start("sample.step", guarantee="at_most_once", seconds=3)
+    wait_for(lambda: effect_count(str(run.pk), "act-started") == 1, what="the step to start")
+    services.run_cancel(run=run)
+    services.run_resume(run=Run.objects.get(pk=run.pk))
+    run = finished(run)
+    assert run.status == RunStatus.FAILED
+    assert "OutcomeUnknown" in run.error
+    assert "'act'" in run.error
+
+
+def test_a_worker_killed_mid_step_is_resumed_elsewhere_without_recreating(start_worker: Callable[..., Worker]) -> None:
+    doomed = start_worker("doomed", concurrency=1)
+    run = start("sample.tree", branches=2, leaves=1, step_ms=3000)
+    wait_for(lambda: effect_count(str(run.pk), "work-branch-0") == 0 and _step_running(run), what="a step to run")
+    declared_before = {r.pk for r in tree_records(run) if r.kind == "test.sleep"}
+    doomed.kill()
+    start_worker("survivor")
+    # The beat's body: the dead worker's lease expires and the run is queued again.
+    wait_for(
+        lambda: services.runs_recover()["lease_expired"] or status(run) != RunStatus.RUNNING,
+        timeout=30,
+        what="lease recovery",
+    )
+    run = finished(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    declared_after = {r.pk for r in tree_records(run) if r.kind == "test.sleep"}
+    assert declared_after == declared_before, "replay re-created nothing"
+    assert len(declared_after) == 4
+    assert run.attempt >= 2
+
+
+def _step_running(run: Run) -> bool:
+    return status(run) == RunStatus.RUNNING and JournalEntry.objects.filter(run=run, call__startswith="ready").exists()
+
+
+def test_divergence_fails_naming_the_call(workers: list[Worker]) -> None:
+    run = start("sample.diverge")
+    wait_for(lambda: status(run) == RunStatus.SUSPENDED, what="the run to sleep")
+    effects_file(str(run.pk), "flag").write_text("changed")
+    services.run_resume(run=Run.objects.get(pk=run.pk))
+    run = finished(run)
+    assert run.status == RunStatus.FAILED
+    assert "call #2" in run.error
+    assert "'step renamed'" in run.error
+    assert "'step second'" in run.error
+    assert effect_count(str(run.pk), "renamed") == 0
+
+
+def test_durable_sleep_suspends_and_wakes(workers: list[Worker]) -> None:
+    run = start("sample.sleep")
+    wait_for(lambda: status(run) == RunStatus.SUSPENDED, what="the run to sleep")
+    assert Run.objects.get(pk=run.pk).wake_at is not None
+    run = finished(run, timeout=30)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert effect_count(str(run.pk), "before") == 1, "replay did not run the first step again"
+    assert effect_count(str(run.pk), "after") == 1
+
+
+def test_step_retries_then_failure_cleans_up(workers: list[Worker]) -> None:
+    recovered = finished(start("sample.fail", retries=2, fail_times=2))
+    assert recovered.status == RunStatus.SUCCEEDED, recovered.error
+    failed = finished(start("sample.fail", retries=1, fail_times=5))
+    assert failed.status == RunStatus.FAILED
+    assert "boom" in failed.error
+    assert effect_count(str(failed.pk), "flaky") == 2
+    wait_for(lambda: all_deleted(failed), timeout=30, what="the failed run's records to be deleted")
+
+
+def test_api_start_get_cancel_resume(workers: list[Worker], api: APIClient) -> None:
+    bad = api.post("/api/v1/pipelines/sample.tree/runs/", {"inputs": {"branches": 0, "leaves": "many"}}, format="json")
+    assert bad.status_code == 400
+    assert set(bad.json()["fields"]) == {"inputs.branches", "inputs.leaves"}
+    assert not Run.objects.exists()
+    assert not Record.objects.filter(kind="graphene.run").exists()
+    assert api.post("/api/v1/pipelines/nope/runs/", {}, format="json").status_code == 404
+
+    started = api.post("/api/v1/pipelines/sample.step/runs/", {"inputs": {"seconds": 5}}, format="json")
+    assert started.status_code == 201, started.content
+    run_id = started.json()["id"]
+    wait_for(lambda: effect_count(run_id, "act-started") == 1, what="the step to start")
+    cancelled = api.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert cancelled.json()["status"] == "cancelled"
+    resumed = api.post(f"/api/v1/runs/{run_id}/resume/")
+    assert resumed.json()["status"] == "queued"
+    finished(Run.objects.get(pk=run_id))
+    detail = api.get(f"/api/v1/runs/{run_id}/").json()
+    assert detail["status"] == "succeeded"
+    assert [e["call"] for e in detail["journal"]] == ["step act", "step after"]
+    # at least once: the interrupted step ran again on resume
+    assert effect_count(run_id, "act-started") == 2
+    listing = api.get("/api/v1/runs/?pipeline=sample.step&status=succeeded").json()
+    assert [r["id"] for r in listing["results"]] == [run_id]
+    pipelines = {p["name"]: p for p in api.get("/api/v1/pipelines/").json()}
+    assert pipelines["sample.tree"]["input_schema"]["properties"]["branches"]["maximum"] == 10
