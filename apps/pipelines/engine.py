@@ -83,7 +83,7 @@ class Execution:
         self.run_id = str(run.pk)
         self.token = token
         self.definition = definition
-        self.entries = list(JournalEntry.objects.filter(run=run).order_by("seq"))
+        self.journal = {e.seq: e for e in JournalEntry.objects.filter(run=run)}
         self.seq = 0
         self.divergence: NonDeterminismError | None = None
         self.lost = threading.Event()
@@ -93,7 +93,12 @@ class Execution:
 
     @property
     def replaying(self) -> bool:
-        return self.seq < len(self.entries)
+        return any(seq > self.seq for seq in self.journal) if self.journal else False
+
+    def leftover(self) -> JournalEntry | None:
+        """The first journaled call the program has not made (it now ends earlier)."""
+        later = [seq for seq in self.journal if seq > self.seq]
+        return self.journal[min(later)] if later else None
 
     def _next(self, call: str) -> JournalEntry | None:
         if self.lost.is_set():
@@ -101,9 +106,9 @@ class Execution:
         if self.divergence is not None:
             raise self.divergence
         self.seq += 1
-        if self.seq > len(self.entries):
+        entry = self.journal.get(self.seq)
+        if entry is None:
             return None
-        entry = self.entries[self.seq - 1]
         if entry.call != call:
             self.divergence = NonDeterminismError(
                 f"non-deterministic pipeline: call #{self.seq} is {call!r} but the journal recorded "
@@ -133,7 +138,7 @@ class Execution:
         payload = json.dumps(result)
         done = now if status != EntryStatus.STARTED else None
         with connection.cursor() as cursor:
-            if any(e.seq == seq for e in self.entries):
+            if seq in self.journal:
                 cursor.execute(
                     f"UPDATE pipelines_journalentry SET status = %s, result = %s{cast}, error = %s, completed_at = %s "  # noqa: S608
                     f"WHERE run_id = %s AND seq = %s AND {fence}",
@@ -149,11 +154,9 @@ class Execution:
             if cursor.rowcount != 1:
                 self.lost.set()
                 raise _Fenced
-        entry = JournalEntry(
+        self.journal[seq] = JournalEntry(
             run_id=self.run.pk, seq=seq, call=call, status=status, result=result, error=error, created_at=now
         )
-        self.entries = [e for e in self.entries if e.seq != seq] + [entry]
-        self.entries.sort(key=lambda e: e.seq)
 
     def _check_fence(self) -> None:
         alive = Run.objects.filter(pk=self.run.pk, lease_token=self.token, status=RunStatus.RUNNING).exists()
@@ -169,18 +172,26 @@ class Execution:
         call = f"declare {kind}/{name}" + (f" under {parent}" if parent else "")
         entry = self._next(call)
         if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error)
             return str(_result(entry)["record_id"])
-        with transaction.atomic():
+        failure = ""
+        with transaction.atomic():  # the record and its journal entry commit together
             run = Run.objects.select_for_update(no_key=True).get(pk=self.run.pk)
             if run.lease_token != self.token or run.status != RunStatus.RUNNING:
                 self.lost.set()
                 raise _Fenced
-            owner = self._owner(parent, run)
             try:
+                owner = self._owner(parent, run)
                 record = records.record_declare(kind=kind, name=name, owner=owner, spec=dict(spec), labels=dict(labels))
-            except ServiceError as exc:
-                raise ResourceFailed(f"cannot declare {kind}/{name}: {exc.detail}") from None
-            self._write(self.seq, call, EntryStatus.COMPLETED, {"record_id": str(record.pk)})
+            except (ServiceError, ResourceFailed) as exc:
+                failure = f"cannot declare {kind}/{name}: {getattr(exc, 'detail', exc)}"
+                # Journaled too: the sequence stays dense and replay raises the same error.
+                self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            else:
+                self._write(self.seq, call, EntryStatus.COMPLETED, {"record_id": str(record.pk)})
+        if failure:
+            raise ResourceFailed(failure)
         return str(record.pk)
 
     def _owner(self, parent: str | None, run: Run) -> Record:
@@ -442,8 +453,8 @@ def run_execute(*, run_id: Any) -> None:
             value = definition.fn(Context(execution), inputs)
             if execution.divergence is not None:
                 raise execution.divergence
-            if len(execution.entries) > execution.seq:
-                extra = execution.entries[execution.seq]
+            extra = execution.leftover()
+            if extra is not None:
                 raise NonDeterminismError(
                     f"non-deterministic pipeline: the program ended after {execution.seq} calls but the journal "
                     f"recorded call #{extra.seq} {extra.call!r}",

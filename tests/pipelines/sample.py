@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from django.conf import settings
-from graphene_sdk import Context, OutcomeUnknown, pipeline
+from graphene_sdk import Context, OutcomeUnknown, ResourceFailed, pipeline
 from pydantic import BaseModel, Field
 
 
@@ -165,3 +165,14 @@ def wait_one(ctx: Context, inputs: WaitInputs) -> WaitOutput:
     spec = {"create_ms": inputs.create_ms, "create_failures": inputs.failures, "permanent": inputs.failures > 0}
     _, error = ctx.declare("test.flaky", "thing", spec).try_ready()
     return WaitOutput(ok=error is None, error=str(error) if error else "", pid=os.getpid())
+
+
+@pipeline("sample.badspec", inputs=Empty)
+def badspec(ctx: Context, inputs: Empty) -> None:
+    """A refused declaration is an error the program can handle, and replays identically."""
+    try:
+        ctx.declare("test.sleep", "wrong", {"bogus": 1})
+    except ResourceFailed as exc:
+        ctx.step("handled", effect, ctx.run_id, "handled", str(exc))
+    ctx.sleep(0.3)  # suspends: the next attempt replays the failed declaration
+    ctx.step("after", effect, ctx.run_id, "after")

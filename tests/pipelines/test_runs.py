@@ -204,3 +204,17 @@ def test_api_start_get_cancel_resume(workers: list[Worker], api: APIClient) -> N
     assert [r["id"] for r in listing["results"]] == [run_id]
     pipelines = {p["name"]: p for p in api.get("/api/v1/pipelines/").json()}
     assert pipelines["sample.tree"]["input_schema"]["properties"]["branches"]["maximum"] == 10
+
+
+def test_a_refused_declaration_is_journaled_and_replays(workers: list[Worker]) -> None:
+    run = finished(start("sample.badspec"), timeout=30)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    entries = list(JournalEntry.objects.filter(run=run).order_by("seq").values_list("seq", "call", "status"))
+    assert entries == [
+        (1, "declare test.sleep/wrong", EntryStatus.FAILED),
+        (2, "step handled", EntryStatus.COMPLETED),
+        (3, "sleep", EntryStatus.COMPLETED),
+        (4, "step after", EntryStatus.COMPLETED),
+    ]
+    assert effect_count(str(run.pk), "handled") == 1
+    assert run.attempt == 2

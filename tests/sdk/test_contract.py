@@ -1,0 +1,113 @@
+"""The SDK surface is a contract: exported names, typed starts, decorator checks, examples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import graphene_sdk
+import pytest
+from graphene_sdk import pipeline
+from pydantic import BaseModel
+
+from apps.pipelines import services
+from tests.conftest import REPO
+
+
+def test_exported_names_are_pinned() -> None:
+    assert sorted(graphene_sdk.__all__) == [
+        "Client",
+        "ClientError",
+        "Context",
+        "GrapheneError",
+        "Guarantee",
+        "NonDeterminismError",
+        "OutcomeUnknown",
+        "Pipeline",
+        "Resource",
+        "ResourceFailed",
+        "RunCancelled",
+        "RunHandle",
+        "RunInfo",
+        "StepFailed",
+        "StepTimeout",
+        "pipeline",
+        "registered",
+    ]
+    for error in ("ResourceFailed", "StepFailed", "OutcomeUnknown", "NonDeterminismError", "ClientError"):
+        assert issubclass(getattr(graphene_sdk, error), graphene_sdk.GrapheneError)
+
+
+def run_mypy(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    source = tmp_path / "client_use.py"
+    source.write_text(textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(source)],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "MYPYPATH": str(REPO / "sdk")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+PROGRAM = """
+    from graphene_sdk import Client, Context, pipeline
+    from pydantic import BaseModel
+
+    class Inputs(BaseModel):
+        branch: str = "main"
+
+    class Other(BaseModel):
+        count: int = 1
+
+    class Report(BaseModel):
+        ok: bool
+
+    @pipeline("integration", inputs=Inputs)
+    def integration(ctx: Context, inputs: Inputs) -> Report:
+        return Report(ok=True)
+
+    client = Client("http://127.0.0.1:8000", token="t")
+    handle = client.start(integration, {ARG})
+    report: Report = handle.result()
+"""
+
+
+def test_mypy_accepts_the_right_inputs_and_rejects_a_wrong_type(tmp_path: Path) -> None:
+    good = run_mypy(tmp_path, PROGRAM.replace("{ARG}", 'Inputs(branch="dev")'))
+    assert good.returncode == 0, good.stdout + good.stderr
+    bad = run_mypy(tmp_path, PROGRAM.replace("{ARG}", "Other(count=2)"))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    # mypy reports it on the start() line: the pipeline fixes the input type, Other cannot be it.
+    lines = textwrap.dedent(PROGRAM).splitlines()
+    start_line = next(n for n, line in enumerate(lines, start=1) if "client.start(" in line)
+    assert f"client_use.py:{start_line}: error:" in bad.stdout, bad.stdout
+    assert '"start" of "Client"' in bad.stdout
+
+
+def test_decorator_refuses_bad_definitions() -> None:
+    class Inputs(BaseModel):
+        x: int = 0
+
+    with pytest.raises(ValueError, match="name"):
+        pipeline("bad name!", inputs=Inputs)
+    with pytest.raises(TypeError, match="pydantic"):
+        pipeline("ok", inputs=dict)  # type: ignore[type-var]
+    with pytest.raises(ValueError, match="concurrency"):
+        pipeline("ok", inputs=Inputs, concurrency="whenever")  # type: ignore[arg-type]
+
+
+def test_the_examples_load_with_their_schemas() -> None:
+    loaded = services.pipelines_load()
+    for name in ("hello", "environment", "release"):
+        assert name in loaded, sorted(loaded)
+    schema = loaded["environment"].input_schema()
+    assert schema["properties"]["replicas"]["maximum"] == 10
+    assert loaded["release"].output is not None
+    with pytest.raises(services.ValidationFailed) as bad:
+        services.inputs_validate(loaded["release"], {"version": "one"})
+    assert "inputs.version" in bad.value.fields
