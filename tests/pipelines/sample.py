@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -176,3 +177,10 @@ def badspec(ctx: Context, inputs: Empty) -> None:
         ctx.step("handled", effect, ctx.run_id, "handled", str(exc))
     ctx.sleep(0.3)  # suspends: the next attempt replays the failed declaration
     ctx.step("after", effect, ctx.run_id, "after")
+
+
+@pipeline("sample.deadline", inputs=Empty, timeout=timedelta(seconds=2))
+def deadline(ctx: Context, inputs: Empty) -> None:
+    """Declares a record and sleeps past its two-second deadline."""
+    ctx.declare("test.sleep", "held")
+    ctx.sleep(60)
