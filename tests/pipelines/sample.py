@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from graphene_sdk import Context, OutcomeUnknown, ResourceFailed, pipeline
+from graphene_sdk import Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
 from pydantic import BaseModel, Field
 
 
@@ -70,7 +70,7 @@ def _work(run_id: str, name: str, ms: int) -> str:
 
 
 class StepInputs(BaseModel):
-    guarantee: str = "at_least_once"
+    guarantee: Guarantee = "at_least_once"
     seconds: float = 0.0
     catch_unknown: bool = False
 
@@ -79,7 +79,7 @@ class StepInputs(BaseModel):
 def one_step(ctx: Context, inputs: StepInputs) -> None:
     """One slow step that leaves a trace each time it really starts."""
     try:
-        ctx.step("act", _slow, ctx.run_id, inputs.seconds, guarantee=inputs.guarantee)  # type: ignore[arg-type]
+        ctx.step("act", _slow, ctx.run_id, inputs.seconds, guarantee=inputs.guarantee)
     except OutcomeUnknown:
         effect(ctx.run_id, "outcome-unknown")
         if not inputs.catch_unknown:
