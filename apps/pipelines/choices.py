@@ -2,6 +2,9 @@ from django.db import models
 
 
 class RunStatus(models.TextChoices):
+    # Waiting its turn: behind the running run of a ``queue`` pipeline, or behind its siblings
+    # of a ``run_all`` that is at its concurrency limit.
+    WAITING = "waiting", "Waiting"
     # Waiting for a worker to take it.
     QUEUED = "queued", "Queued"
     # A worker holds the lease and is executing (replaying) the pipeline function.
@@ -19,7 +22,9 @@ class RunStatus(models.TextChoices):
 
 
 TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
+# Holding (or about to hold) the pipeline's turn.
 ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED})
+NOT_ENDED = ACTIVE | {RunStatus.WAITING}
 
 
 class EntryStatus(models.TextChoices):

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta
@@ -29,7 +29,15 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from graphene_sdk import Context, NonDeterminismError, OutcomeUnknown, ResourceFailed, StepFailed, StepTimeout
+from graphene_sdk import (
+    ChildRunFailed,
+    Context,
+    NonDeterminismError,
+    OutcomeUnknown,
+    ResourceFailed,
+    StepFailed,
+    StepTimeout,
+)
 from graphene_sdk import Pipeline as Definition
 from graphene_sdk._context import Guarantee
 from pydantic import BaseModel
@@ -37,8 +45,8 @@ from pydantic import BaseModel
 from apps.core.errors import GrapheneError as ServiceError
 from apps.observability.services import log_write
 from apps.pipelines import services
-from apps.pipelines.choices import EntryStatus, RunStatus
-from apps.pipelines.models import JournalEntry, Run
+from apps.pipelines.choices import TERMINAL, EntryStatus, RunStatus
+from apps.pipelines.models import JournalEntry, Run, RunWait
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -61,6 +69,14 @@ class _Suspend(BaseException):
 
 class _Fenced(BaseException):
     """This worker may no longer act for the run (lease lost, run cancelled or ended)."""
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _result(entry: JournalEntry) -> dict[str, Any]:
@@ -167,9 +183,17 @@ class Execution:
     # --- Runtime: declarations ---------------------------------------------------------------
 
     def declare(
-        self, kind: str, name: str, spec: Mapping[str, Any], labels: Mapping[str, str], parent: str | None
+        self,
+        kind: str,
+        name: str,
+        spec: Mapping[str, Any],
+        labels: Mapping[str, str],
+        parent: str | None,
+        children: Sequence[str] = (),
     ) -> str:
         call = f"declare {kind}/{name}" + (f" under {parent}" if parent else "")
+        if children:
+            call += f" owning {','.join(children)}"
         entry = self._next(call)
         if entry is not None:
             if entry.status == EntryStatus.FAILED:
@@ -183,7 +207,10 @@ class Execution:
                 raise _Fenced
             try:
                 owner = self._owner(parent, run)
+                owned = [self._owned(child, run) for child in children]
                 record = records.record_declare(kind=kind, name=name, owner=owner, spec=dict(spec), labels=dict(labels))
+                for child in owned:
+                    records.record_transfer(record=child, new_owner=record, given_by=child.parent)
             except (ServiceError, ResourceFailed) as exc:
                 failure = f"cannot declare {kind}/{name}: {getattr(exc, 'detail', exc)}"
                 # Journaled too: the sequence stays dense and replay raises the same error.
@@ -193,6 +220,16 @@ class Execution:
         if failure:
             raise ResourceFailed(failure)
         return str(record.pk)
+
+    def _owned(self, record_id: str, run: Run) -> Record:
+        """A live record in this run's tree (which the run may give away)."""
+        if run.record_id is None:
+            raise ResourceFailed("this run has no record tree")
+        record = Record.objects.filter(pk=record_id).first()
+        root = Record.objects.get(pk=run.record_id)
+        if record is None or record.tree_id != root.tree_id or record.pk == root.pk:
+            raise ResourceFailed(f"record {record_id} is not owned by this run")
+        return record
 
     def _owner(self, parent: str | None, run: Run) -> Record:
         if run.record_id is None:
@@ -239,6 +276,98 @@ class Execution:
             if record is not None:
                 records.record_delete_request(record=record, reason="DeletedByRun")
             self._write(self.seq, call, EntryStatus.COMPLETED, {"record_id": record_id})
+
+    def attach(self, record_id: str) -> tuple[str, str]:
+        call = f"attach {record_id}"
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error, record_id=record_id)
+            return str(_result(entry)["kind"]), str(_result(entry)["name"])
+        record = Record.objects.filter(pk=record_id).only("kind", "name").first() if _is_uuid(record_id) else None
+        if record is None:
+            failure = f"cannot attach {record_id}: no such record"
+            self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            raise ResourceFailed(failure, record_id=record_id)
+        self._write(self.seq, call, EntryStatus.COMPLETED, {"kind": record.kind, "name": record.name})
+        return record.kind, record.name
+
+    def to_stand(self, record_id: str, label: str, keep_for: float | None) -> None:
+        call = f"to_stand {label}"
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error, record_id=record_id)
+            return
+        failure = ""
+        with transaction.atomic():
+            run = Run.objects.select_for_update(no_key=True).get(pk=self.run.pk)
+            if run.lease_token != self.token or run.status != RunStatus.RUNNING:
+                self.lost.set()
+                raise _Fenced
+            until = timezone.now() + timedelta(seconds=keep_for) if keep_for else None
+            try:
+                record = self._owned(record_id, run)
+                stand = services.stand_get(run.pipeline.name)
+                records.record_transfer(record=record, new_owner=stand, given_by=record.parent, expires_at=until)
+            except (ServiceError, ResourceFailed) as exc:
+                failure = f"cannot hand {label} to the stand: {getattr(exc, 'detail', exc)}"
+                self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            else:
+                data = {
+                    "record_id": record_id,
+                    "stand": str(stand.pk),
+                    "expires_at": until.isoformat() if until else None,
+                }
+                self._write(self.seq, call, EntryStatus.COMPLETED, data)
+        if failure:
+            raise ResourceFailed(failure, record_id=record_id)
+
+    def run_children(
+        self, pipeline: Definition[Any, Any], inputs: Sequence[dict[str, Any]], concurrency: int
+    ) -> list[Any]:
+        call = f"run_all {pipeline.name} x{len(inputs)}"
+        entry = self._next(call)
+        seq = self.seq
+        if entry is None:
+            with transaction.atomic():
+                run = Run.objects.select_for_update(no_key=True).get(pk=self.run.pk)
+                if run.lease_token != self.token or run.status != RunStatus.RUNNING:
+                    self.lost.set()
+                    raise _Fenced
+                children = services.run_start_children(
+                    parent=run, pipeline_name=pipeline.name, inputs=list(inputs), concurrency=concurrency, group=seq
+                )
+                ids = [str(c.pk) for c in children]
+                self._write(seq, call, EntryStatus.STARTED, {"children": ids})
+        elif entry.status == EntryStatus.COMPLETED:
+            return self._children_outcome(pipeline, _result(entry))
+        else:
+            ids = list(_result(entry)["children"])
+        ended = Run.objects.filter(pk__in=ids, status__in=list(TERMINAL)).values_list(
+            "pk", "status", "outputs", "error"
+        )
+        by_id = {str(pk): (status, outputs, error) for pk, status, outputs, error in ended}
+        if len(by_id) < len(ids):
+            raise _Suspend(waiting_on=[i for i in ids if i not in by_id])
+        outcome = {
+            "children": ids,
+            "outputs": [by_id[i][1] for i in ids],
+            "failures": {i: f"{by_id[i][0]}: {by_id[i][2]}".strip() for i in ids if by_id[i][0] != RunStatus.SUCCEEDED},
+        }
+        self._write(seq, call, EntryStatus.COMPLETED, outcome)
+        return self._children_outcome(pipeline, outcome)
+
+    @staticmethod
+    def _children_outcome(pipeline: Definition[Any, Any], outcome: dict[str, Any]) -> list[Any]:
+        failures: dict[str, str] = outcome.get("failures") or {}
+        if failures:
+            lines = "; ".join(f"{run_id}: {why.splitlines()[-1] if why else ''}" for run_id, why in failures.items())
+            raise ChildRunFailed(
+                f"{len(failures)} of {len(outcome['children'])} {pipeline.name} run(s) did not succeed: {lines}",
+                failures=failures,
+            )
+        return list(outcome["outputs"])
 
     # --- Runtime: steps, timers, logs -------------------------------------------------------
 
@@ -404,14 +533,14 @@ def _suspend(execution: Execution, waiting_on: list[str], wake_at: datetime | No
         run = Run.objects.select_for_update(no_key=True).get(pk=execution.run.pk)
         if run.lease_token != execution.token or run.status != RunStatus.RUNNING:
             return
-        settled = (
-            Record.objects.filter(pk__in=waiting_on)
-            .exclude(phase__in=list(WAITING_PHASES), deletion_requested_at__isnull=True)
-            .exists()
-        )
+        RunWait.objects.filter(run=run).delete()
+        RunWait.objects.bulk_create([RunWait(run=run, target=target) for target in waiting_on])
+        # A wake-up for these targets committed before our RunWait rows is not lost: look now.
+        settled = bool(services.targets_settled(waiting_on))
         due = wake_at is not None and wake_at <= timezone.now()
         if settled or due:
             # What we wait for happened while we were unwinding: go again at once.
+            RunWait.objects.filter(run=run).delete()
             services._set_status(run, RunStatus.QUEUED, lease_token=None, lease_expires_at=None)
             services._enqueue_on_commit(run.pk)
             return
@@ -474,9 +603,13 @@ def run_execute(*, run_id: Any) -> None:
                 raise
             error = exc if execution.divergence is None else execution.divergence
             text = "".join(traceback.format_exception_only(type(error), error)).strip()
-            if not isinstance(error, NonDeterminismError | OutcomeUnknown | StepFailed | ResourceFailed):
+            if not isinstance(
+                error, NonDeterminismError | OutcomeUnknown | StepFailed | ResourceFailed | ChildRunFailed
+            ):
                 text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-            services.run_finish(run=run, status=RunStatus.FAILED, error=text, token=token)
+            services.run_finish(
+                run=run, status=RunStatus.FAILED, error=text, token=token, keep_for=definition.keep_on_failure
+            )
             return
         services.run_finish(run=run, status=RunStatus.SUCCEEDED, outputs=outputs, token=token)
     finally:

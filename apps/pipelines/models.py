@@ -52,6 +52,11 @@ class Run(TimeStampedModel):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL)
+    # Child runs (ctx.run / ctx.run_all): the parent owns them; they die with it. ``group`` is
+    # the parent's journal sequence number of the run_all, ``group_index`` the input's index.
+    parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
+    group = models.PositiveIntegerField(null=True, blank=True)
+    group_index = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["pipeline", "number"], name="run_unique_number")]
@@ -66,10 +71,23 @@ class Run(TimeStampedModel):
                 name="run_deadline",
                 condition=Q(status__in=["queued", "running", "suspended"]),
             ),
+            models.Index(fields=["pipeline", "status", "number"], name="run_pipeline_turn"),
+            models.Index(fields=["parent_run", "group", "status"], name="run_children"),
         ]
 
     def __str__(self) -> str:
         return f"{self.pipeline_id}#{self.number}"
+
+
+class RunWait(models.Model):
+    """A suspended run waits for this record (or child run) to settle: found by id on change."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waits")
+    target = models.UUIDField(db_index=True, help_text="a record id or a child run id")
+
+    def __str__(self) -> str:
+        return f"{self.run_id} waits for {self.target}"
 
 
 class JournalEntry(models.Model):

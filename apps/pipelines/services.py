@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import sys
 import threading
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ from pydantic import ValidationError
 
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.core.events import publish_on_commit
-from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
-from apps.pipelines.models import Pipeline, Run
+from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
+from apps.pipelines.models import Pipeline, Run, RunWait
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -158,8 +159,37 @@ def _lock(run_id: Any) -> Run:
     return Run.objects.select_for_update(no_key=True).get(pk=run_id)
 
 
-def run_finish(*, run: Run, status: str, outputs: Any = None, error: str = "", token: Any = None) -> bool:
-    """End a run and delete everything it still owns. ``token`` fences a worker's own finish."""
+def stand_get(pipeline_name: str) -> Record:
+    """The pipeline's stand: a root record that holds what runs hand over (created on demand)."""
+    return records.record_ensure_root(kind="graphene.stand", name=pipeline_name)
+
+
+def _hand_to_stand(run: Run, keep_for: timedelta) -> int:
+    """Give everything the run's root still owns to the stand, each part with a TTL."""
+    stand = stand_get(run.pipeline.name)
+    until = timezone.now() + keep_for
+    kept = 0
+    for child in Record.objects.filter(parent_id=run.record_id).exclude(phase=Phase.DELETED).order_by("lft"):
+        if child.deletion_requested_at is None:
+            records.record_transfer(record=child, new_owner=stand, expires_at=until)
+            kept += 1
+    return kept
+
+
+def run_finish(
+    *,
+    run: Run,
+    status: str,
+    outputs: Any = None,
+    error: str = "",
+    token: Any = None,
+    keep_for: timedelta | None = None,
+) -> bool:
+    """End a run and delete everything it still owns (I3); its child runs end with it.
+
+    ``token`` fences a worker's own finish (only the lease holder may end a running run).
+    ``keep_for`` (a failed run's ``keep_on_failure``) first hands what it owns to the stand.
+    """
     assert status in TERMINAL
     with transaction.atomic():
         run = _lock(run.pk)
@@ -167,6 +197,9 @@ def run_finish(*, run: Run, status: str, outputs: Any = None, error: str = "", t
             token is not None and (run.lease_token != token or run.status != RunStatus.RUNNING)
         ):
             return False
+        kept = _hand_to_stand(run, keep_for) if keep_for and status == RunStatus.FAILED and run.record_id else 0
+        if kept:
+            error = f"{error}\n(kept {kept} record(s) on the stand {run.pipeline.name!r} for {keep_for})".lstrip()
         _set_status(
             run,
             status,
@@ -178,38 +211,147 @@ def run_finish(*, run: Run, status: str, outputs: Any = None, error: str = "", t
             waiting_on=[],
             wake_at=None,
         )
+        RunWait.objects.filter(run=run).delete()
         if run.record_id is not None:
             root = Record.objects.filter(pk=run.record_id).first()
             if root is not None and root.phase != Phase.DELETED:
                 records.record_delete_request(record=root, reason=f"Run{status.title().replace('_', '')}")
+        children = Run.objects.filter(parent_run=run, status__in=list(NOT_ENDED)).order_by("number")
+        for child in children:
+            run_finish(run=child, status=RunStatus.CANCELLED, error=f"its parent run {run} ended ({status})")
+        if run.parent_run_id is not None:
+            _promote_sibling(run)
+            _wake_on_commit([str(run.pk)])
+        elif run.pipeline.concurrency == "queue":
+            _promote_next_in_line(run.pipeline_id)
     return True
+
+
+def _promote(run: Run) -> None:
+    deadline = None
+    definition = registered().get(run.pipeline.name)
+    if definition is not None and definition.timeout:
+        deadline = timezone.now() + definition.timeout
+    _set_status(run, RunStatus.QUEUED, deadline_at=deadline)
+    _enqueue_on_commit(run.pk)
+
+
+def _promote_next_in_line(pipeline_id: Any) -> None:
+    """``queue`` pipelines: when no run holds the turn, the oldest waiting run takes it."""
+    Pipeline.objects.select_for_update().get(pk=pipeline_id)
+    if Run.objects.filter(pipeline_id=pipeline_id, parent_run__isnull=True, status__in=list(ACTIVE)).exists():
+        return
+    nxt = (
+        Run.objects.select_for_update(no_key=True)
+        .filter(pipeline_id=pipeline_id, parent_run__isnull=True, status=RunStatus.WAITING)
+        .order_by("number")
+        .first()
+    )
+    if nxt is not None:
+        _promote(nxt)
+
+
+def _promote_sibling(child: Run) -> None:
+    """``run_all``: a child ended, so the next waiting sibling of its group may start."""
+    _lock(child.parent_run_id)  # serializes promotions among siblings
+    nxt = (
+        Run.objects.select_for_update(no_key=True)
+        .filter(parent_run_id=child.parent_run_id, group=child.group, status=RunStatus.WAITING)
+        .order_by("group_index")
+        .first()
+    )
+    if nxt is not None:
+        _promote(nxt)
 
 
 # --- start, cancel, resume ----------------------------------------------------------------------
 
 
+def _create_run(
+    *,
+    definition: Definition[Any, Any],
+    row: Pipeline,
+    inputs: dict[str, Any],
+    status: str,
+    actor: Actor = None,
+    parent: Run | None = None,
+    group: int | None = None,
+    group_index: int | None = None,
+) -> Run:
+    number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
+    root = records.record_create_root(kind="graphene.run", name=f"{row.name}#{number}", actor=actor)
+    deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
+    run = Run.objects.create(
+        id=root.pk,
+        pipeline=row,
+        number=number,
+        record=root,
+        inputs=inputs,
+        status=status,
+        deadline_at=deadline,
+        created_by=actor if actor is not None and actor.is_authenticated else None,  # type: ignore[misc]
+        parent_run=parent,
+        group=group,
+        group_index=group_index,
+    )
+    _publish(run)
+    if status == RunStatus.QUEUED:
+        _enqueue_on_commit(run.pk)
+    return run
+
+
 def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None) -> Run:
-    """Validate the inputs, create the run and its root record, enqueue it on commit."""
+    """Validate the inputs, apply the pipeline's concurrency policy, create the run, enqueue it.
+
+    ``queue``: the run waits its turn behind the active one (refused beyond ``max_pending``);
+    ``cancel_previous``: active runs are cancelled (and cleaned up) first.
+    """
     definition = definition_get(pipeline_name)
     clean = inputs_validate(definition, inputs)
     with transaction.atomic():
         row = pipeline_sync(definition)
-        row = Pipeline.objects.select_for_update().get(pk=row.pk)  # serializes run numbering
-        number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
-        root = records.record_create_root(kind="graphene.run", name=f"{row.name}#{number}", actor=actor)
-        deadline = timezone.now() + definition.timeout if definition.timeout else None
-        run = Run.objects.create(
-            id=root.pk,
-            pipeline=row,
-            number=number,
-            record=root,
-            inputs=clean,
-            deadline_at=deadline,
-            created_by=actor if actor is not None and actor.is_authenticated else None,  # type: ignore[misc]
-        )
-        _publish(run)
-        _enqueue_on_commit(run.pk)
+        row = Pipeline.objects.select_for_update().get(pk=row.pk)  # serializes numbering and turns
+        status = RunStatus.QUEUED
+        active = Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))
+        if definition.concurrency == "queue":
+            waiting = Run.objects.filter(pipeline=row, parent_run__isnull=True, status=RunStatus.WAITING).count()
+            if active.exists() or waiting:
+                if definition.max_pending is not None and waiting >= definition.max_pending:
+                    raise Conflict(
+                        f"pipeline {row.name!r} runs one at a time and already has {waiting} run(s) waiting "
+                        f"(max_pending={definition.max_pending}); wait for one to finish or cancel one",
+                        code="concurrency_limit",
+                    )
+                status = RunStatus.WAITING
+        elif definition.concurrency == "cancel_previous":
+            for previous in active.order_by("number"):
+                run_finish(
+                    run=previous, status=RunStatus.CANCELLED, error="cancelled: a newer run of the pipeline started"
+                )
+        run = _create_run(definition=definition, row=row, inputs=clean, status=status, actor=actor)
     return run
+
+
+def run_start_children(
+    *, parent: Run, pipeline_name: str, inputs: list[Any], concurrency: int, group: int
+) -> list[Run]:
+    """Start the child runs of a ``run_all``: the first ``concurrency`` queued, the rest waiting."""
+    definition = definition_get(pipeline_name)
+    clean = [inputs_validate(definition, item) for item in inputs]
+    row = pipeline_sync(definition)
+    row = Pipeline.objects.select_for_update().get(pk=row.pk)
+    return [
+        _create_run(
+            definition=definition,
+            row=row,
+            inputs=item,
+            status=RunStatus.QUEUED if index < concurrency else RunStatus.WAITING,
+            parent=parent,
+            group=group,
+            group_index=index,
+        )
+        for index, item in enumerate(clean)
+    ]
 
 
 def run_cancel(*, run: Run, actor: Actor = None) -> Run:
@@ -229,7 +371,7 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
         run = _lock(run.pk)
         if run.status == RunStatus.SUCCEEDED:
             raise Conflict(f"run {run} succeeded; start a new run instead of resuming it")
-        if run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        if run.status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
             return run
         fields: dict[str, Any] = {"waiting_on": [], "wake_at": None}
         if run.status in TERMINAL:
@@ -242,6 +384,7 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
             definition = definition_get(run.pipeline.name)
             if definition.timeout:
                 fields["deadline_at"] = timezone.now() + definition.timeout
+        RunWait.objects.filter(run=run).delete()
         _set_status(run, RunStatus.QUEUED, **fields)
         _enqueue_on_commit(run.pk)
     return run
@@ -250,52 +393,58 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
 # --- waking and recovery ----------------------------------------------------------------------
 
 
-def runs_wake(*, changed: dict[str, set[str]]) -> int:
-    """Records of runs settled: re-queue the suspended runs that wait on them.
+def _wake_on_commit(targets: list[str]) -> None:
+    transaction.on_commit(lambda: runs_wake(targets=targets))
 
-    ``changed`` maps a run's root record id to the ids of its records that settled.
-    """
+
+def runs_wake(*, targets: Iterable[Any]) -> int:
+    """Records or child runs settled: re-queue the suspended runs waiting for any of them."""
+    run_ids = set(RunWait.objects.filter(target__in=list(targets)).values_list("run_id", flat=True))
     woken = 0
-    candidates = Run.objects.filter(record_id__in=list(changed), status=RunStatus.SUSPENDED).values_list(
-        "pk", "record_id", "waiting_on"
-    )
-    for run_id, root_id, waiting_on in candidates:
-        if not set(waiting_on) & changed[str(root_id)]:
-            continue
+    for run_id in sorted(run_ids):
         with transaction.atomic():
-            run = _lock(run_id)
-            if run.status != RunStatus.SUSPENDED:
+            run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
+            if run is None or run.status != RunStatus.SUSPENDED:
                 continue
+            RunWait.objects.filter(run=run).delete()
             _set_status(run, RunStatus.QUEUED, waiting_on=[], wake_at=None)
             _enqueue_on_commit(run.pk)
             woken += 1
     return woken
 
 
+def targets_settled(targets: Iterable[Any]) -> set[str]:
+    """Which of these record or run ids have settled (a record no longer converging, a run ended)."""
+    ids = [str(t) for t in targets]
+    done = {
+        str(pk)
+        for pk in Record.objects.filter(pk__in=ids)
+        .exclude(phase__in=[Phase.PENDING, Phase.CREATING, Phase.UPDATING], deletion_requested_at__isnull=True)
+        .values_list("pk", flat=True)
+    }
+    done |= {str(pk) for pk in Run.objects.filter(pk__in=ids, status__in=list(TERMINAL)).values_list("pk", flat=True)}
+    return done
+
+
 def runs_recover(*, now: datetime | None = None, limit: int = 200) -> dict[str, int]:
-    """The beat's safety net: expired leases, due timers, lost messages, deadlines."""
+    """The beat's safety net: expired leases, due timers, lost messages and wake-ups, deadlines."""
     now = now or timezone.now()
     counts = {"lease_expired": 0, "timer_due": 0, "requeued": 0, "timed_out": 0, "rewoken": 0}
     for run in Run.objects.filter(deadline_at__lte=now, status__in=list(ACTIVE)).order_by("deadline_at")[:limit]:
         if run_finish(run=run, status=RunStatus.TIMED_OUT, error=f"run exceeded its deadline at {run.deadline_at}"):
             counts["timed_out"] += 1
     stale = timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS)
-    # A wake-up lost between a record's commit and its notification: look again at runs
-    # that have waited on records for a while (oldest first, touched so the scan rotates).
+    # A wake-up lost between a commit and its notification: look again at runs that have
+    # waited a while (oldest first, touched so that the scan rotates).
     waiting = list(
         Run.objects.filter(status=RunStatus.SUSPENDED, wake_at__isnull=True, updated_at__lt=now - stale)
         .order_by("updated_at")
-        .values_list("pk", "record_id", "waiting_on")[:limit]
+        .values_list("pk", flat=True)[:limit]
     )
     if waiting:
-        settled = {
-            str(pk)
-            for pk in Record.objects.filter(pk__in=[r for _, _, ids in waiting for r in ids])
-            .exclude(phase__in=[Phase.PENDING, Phase.CREATING, Phase.UPDATING], deletion_requested_at__isnull=True)
-            .values_list("pk", flat=True)
-        }
-        counts["rewoken"] = runs_wake(changed={str(root): settled for _, root, _ in waiting if root is not None})
-        Run.objects.filter(pk__in=[pk for pk, _, _ in waiting], status=RunStatus.SUSPENDED).update(updated_at=now)
+        targets = RunWait.objects.filter(run_id__in=waiting).values_list("target", flat=True)
+        counts["rewoken"] = runs_wake(targets=targets_settled(targets))
+        Run.objects.filter(pk__in=waiting, status=RunStatus.SUSPENDED).update(updated_at=now)
     expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)
     due = Run.objects.filter(status=RunStatus.SUSPENDED, wake_at__lte=now).values_list("pk", flat=True)
     lost = Run.objects.filter(status=RunStatus.QUEUED, updated_at__lt=now - stale).values_list("pk", flat=True)
@@ -313,6 +462,7 @@ def runs_recover(*, now: datetime | None = None, limit: int = 200) -> dict[str, 
                     continue
                 if key == "requeued" and run.status != RunStatus.QUEUED:
                     continue
+                RunWait.objects.filter(run=run).delete()
                 _set_status(run, RunStatus.QUEUED, lease_token=None, lease_expires_at=None, waiting_on=[], wake_at=None)
                 _enqueue_on_commit(run.pk)
                 counts[key] += 1

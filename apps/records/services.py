@@ -169,21 +169,16 @@ _SETTLING = frozenset({Phase.READY, Phase.CREATE_FAILED, Phase.DRIFTED, Phase.DE
 
 
 def _wake_runs_on_commit(records: Sequence[Record]) -> None:
-    """Tell the runs that declared these records (an explicit call into pipelines, not a signal)."""
-    changed: defaultdict[str, set[str]] = defaultdict(set)
-    for record in records:
-        if record.created_by_run_id is not None:
-            changed[str(record.created_by_run_id)].add(str(record.pk))
-    if not changed:
-        return
+    """Tell runs waiting on these records (an explicit call into pipelines, not a signal)."""
+    targets = [str(r.pk) for r in records]
 
     def wake() -> None:
         from apps.pipelines.services import runs_wake
 
         try:
-            runs_wake(changed=dict(changed))
+            runs_wake(targets=targets)
         except Exception:  # the runs' recovery scan finds them if this hint is lost
-            logger.warning("could not wake runs %s", sorted(changed), exc_info=True)
+            logger.warning("could not wake runs waiting on %d record(s)", len(targets), exc_info=True)
 
     transaction.on_commit(wake)
 

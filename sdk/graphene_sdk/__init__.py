@@ -4,9 +4,11 @@ The names exported here are the SDK's contract (a test pins ``__all__``).
 """
 
 from graphene_sdk._client import Client, RunHandle, RunInfo
-from graphene_sdk._context import Context, Guarantee, Resource
+from graphene_sdk._context import Attached, Context, Guarantee, Resource
 from graphene_sdk._errors import (
+    ChildRunFailed,
     ClientError,
+    ConcurrencyLimit,
     GrapheneError,
     NonDeterminismError,
     OutcomeUnknown,
@@ -18,8 +20,11 @@ from graphene_sdk._errors import (
 from graphene_sdk._pipeline import Pipeline, pipeline, registered
 
 __all__ = [
+    "Attached",
+    "ChildRunFailed",
     "Client",
     "ClientError",
+    "ConcurrencyLimit",
     "Context",
     "GrapheneError",
     "Guarantee",

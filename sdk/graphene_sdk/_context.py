@@ -6,11 +6,16 @@ replayable), or the in-memory runtime of ``graphene_sdk.testing``. Pipeline code
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from graphene_sdk._errors import ResourceFailed
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from graphene_sdk._pipeline import InputT, OutputT, Pipeline
 
 T = TypeVar("T")
 Guarantee = Literal["at_least_once", "at_most_once"]
@@ -22,8 +27,22 @@ class Runtime(Protocol):
     run_id: str
 
     def declare(
-        self, kind: str, name: str, spec: Mapping[str, Any], labels: Mapping[str, str], parent: str | None
+        self,
+        kind: str,
+        name: str,
+        spec: Mapping[str, Any],
+        labels: Mapping[str, str],
+        parent: str | None,
+        children: Sequence[str],
     ) -> str: ...
+
+    def attach(self, record_id: str) -> tuple[str, str]: ...
+
+    def to_stand(self, record_id: str, label: str, keep_for: float | None) -> None: ...
+
+    def run_children(
+        self, pipeline: Pipeline[Any, Any], inputs: Sequence[dict[str, Any]], concurrency: int
+    ) -> list[Any]: ...
 
     def ready(self, record_id: str, label: str) -> tuple[dict[str, Any] | None, ResourceFailed | None]: ...
 
@@ -45,9 +64,7 @@ class Runtime(Protocol):
     def log(self, message: str, level: str) -> None: ...
 
 
-class Resource:
-    """A handle to a declared record. Returned at once; the record converges in parallel."""
-
+class _Handle:
     __slots__ = ("_runtime", "id", "kind", "name")
 
     def __init__(self, runtime: Runtime, record_id: str, kind: str, name: str) -> None:
@@ -57,7 +74,7 @@ class Resource:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"Resource({self.kind}/{self.name}, id={self.id})"
+        return f"{type(self).__name__}({self.kind}/{self.name}, id={self.id})"
 
     def ready(self) -> dict[str, Any]:
         """The record's outputs once it is ready; raises ``ResourceFailed`` if it cannot be.
@@ -75,9 +92,28 @@ class Resource:
         """Like ``ready()`` but returns ``(outputs, None)`` or ``(None, error)``."""
         return self._runtime.ready(self.id, f"{self.kind}/{self.name}")
 
+
+class Resource(_Handle):
+    """A handle to a record this run declared (and owns, directly or through ``parent=``).
+
+    Returned at once; the record converges in parallel while the program goes on.
+    """
+
+    __slots__ = ()
+
     def delete(self) -> None:
         """Delete this record and its subtree now (children first), before the run ends."""
         self._runtime.delete(self.id, f"{self.kind}/{self.name}")
+
+
+class Attached(_Handle):
+    """A read-only handle to a record this run did not declare (``ctx.attach``).
+
+    It can be waited on and read, but never owns or is owned by this run's records: it is
+    not a ``Resource``, so ``parent=``, ``children=`` and ``to_stand`` refuse it, for mypy too.
+    """
+
+    __slots__ = ()
 
 
 def _seconds(value: timedelta | float | None, what: str) -> float | None:
@@ -111,17 +147,67 @@ class Context:
         *,
         labels: Mapping[str, str] | None = None,
         parent: Resource | None = None,
+        children: Sequence[Resource] = (),
     ) -> Resource:
-        """Declare a record of ``kind`` owned by this run (or by ``parent``); returns at once.
+        """Declare a record of ``kind``; returns at once while it converges.
 
-        Resource libraries (``graphene_sdk.libs``) are built on this call.
+        It is owned by this run, or by ``parent`` (a record this run declared); records in
+        ``children`` are given to the new record, which becomes their owner. Resource
+        libraries (``graphene_sdk.libs``) are built on this call.
         """
         if parent is not None and not isinstance(parent, Resource):
-            raise TypeError("parent must be a Resource declared by this run")
+            raise TypeError("parent must be a Resource declared by this run (an Attached handle cannot own)")
+        if any(not isinstance(c, Resource) for c in children):
+            raise TypeError("children must be Resources declared by this run (an Attached handle cannot be owned)")
         record_id = self._runtime.declare(
-            kind, name, dict(spec or {}), dict(labels or {}), parent.id if parent is not None else None
+            kind,
+            name,
+            dict(spec or {}),
+            dict(labels or {}),
+            parent.id if parent is not None else None,
+            [c.id for c in children],
         )
         return Resource(self._runtime, record_id, kind, name)
+
+    def attach(self, record_id: str) -> Attached:
+        """A read-only handle to an existing record (another run's, a stand's) by its id."""
+        kind, name = self._runtime.attach(str(record_id))
+        return Attached(self._runtime, str(record_id), kind, name)
+
+    def to_stand(self, handle: Resource, *, keep_for: timedelta | None = None) -> None:
+        """Give ``handle`` and its subtree to the pipeline's stand, where it outlives this run.
+
+        ``keep_for`` sets its TTL on the stand (extend or release it later); without it the
+        subtree stays until someone deletes it.
+        """
+        if not isinstance(handle, Resource):
+            raise TypeError("to_stand takes a Resource declared by this run")
+        self._runtime.to_stand(handle.id, f"{handle.kind}/{handle.name}", _seconds(keep_for, "keep_for"))
+
+    def run(self, pipeline: Pipeline[InputT, OutputT], inputs: InputT) -> OutputT:
+        """Run a child pipeline to its end and return its output; the child dies with this run."""
+        return self.run_all(pipeline, [inputs], concurrency=1)[0]
+
+    def run_all(
+        self, pipeline: Pipeline[InputT, OutputT], inputs: Sequence[InputT], *, concurrency: int = 4
+    ) -> list[OutputT]:
+        """Run a child per input, at most ``concurrency`` at once; outputs in input order.
+
+        Raises ``ChildRunFailed`` (after all have ended) if any child did not succeed.
+        """
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        for item in inputs:
+            if not isinstance(item, pipeline.inputs):
+                raise TypeError(f"{pipeline.name} takes {pipeline.inputs.__name__}, not {type(item).__name__}")
+        dumped = [item.model_dump(mode="json") for item in inputs]
+        outputs = self._runtime.run_children(pipeline, dumped, concurrency)
+        model: type[BaseModel] | None = pipeline.output
+        results: list[OutputT] = [
+            model.model_validate(o) if model is not None and o is not None else o  # type: ignore[misc]
+            for o in outputs
+        ]
+        return results
 
     def step(
         self,

@@ -64,3 +64,15 @@ class ClientError(GrapheneError):
         self.status = status
         self.code = code
         self.fields = fields or {}
+
+
+class ChildRunFailed(GrapheneError):
+    """A child run started with ``ctx.run``/``ctx.run_all`` did not succeed."""
+
+    def __init__(self, message: str, *, failures: dict[str, str]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+class ConcurrencyLimit(GrapheneError):
+    """A start was refused by the pipeline's concurrency policy (``queue`` with ``max_pending``)."""

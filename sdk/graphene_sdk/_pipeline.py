@@ -28,7 +28,9 @@ class Pipeline(Generic[InputT, OutputT]):
     inputs: type[InputT]
     output: type[BaseModel] | None
     concurrency: Concurrency = "parallel"
+    max_pending: int | None = None
     timeout: timedelta | None = None
+    keep_on_failure: timedelta | None = None
     triggers: Sequence[Any] = field(default_factory=tuple)
     description: str = ""
 
@@ -72,12 +74,18 @@ def pipeline(
     *,
     inputs: type[InputT],
     concurrency: Concurrency = "parallel",
+    max_pending: int | None = None,
     timeout: timedelta | None = None,
+    keep_on_failure: timedelta | None = None,
     triggers: Sequence[Any] = (),
 ) -> Callable[[Callable[[Context, InputT], OutputT]], Pipeline[InputT, OutputT]]:
     """Declare ``fn(ctx, inputs) -> Output | None`` as the pipeline ``name``.
 
     ``inputs`` is a pydantic model; its JSON Schema is what the API validates starts against.
+    ``concurrency``: ``parallel`` (default), ``queue`` (one run at a time in arrival order;
+    ``max_pending`` bounds the waiting line) or ``cancel_previous`` (a new run cancels the
+    running one). ``timeout`` ends a run that takes longer. ``keep_on_failure`` hands what a
+    failed run still owns to the pipeline's stand for that long, for debugging.
     """
     if not name or not all(c.isalnum() or c in "-_." for c in name):
         raise ValueError(f"pipeline name {name!r}: use letters, digits, '-', '_' and '.'")
@@ -85,6 +93,8 @@ def pipeline(
         raise TypeError(f"pipeline {name!r}: inputs must be a pydantic BaseModel subclass")
     if concurrency not in ("parallel", "queue", "cancel_previous"):
         raise ValueError(f"pipeline {name!r}: concurrency must be parallel, queue or cancel_previous")
+    if max_pending is not None and (concurrency != "queue" or max_pending < 0):
+        raise ValueError(f"pipeline {name!r}: max_pending is a non-negative bound for concurrency='queue'")
 
     def register(fn: Callable[[Context, InputT], OutputT]) -> Pipeline[InputT, OutputT]:
         existing = _REGISTRY.get(name)
@@ -94,7 +104,9 @@ def pipeline(
             inputs=inputs,
             output=_output_model(fn),
             concurrency=concurrency,
+            max_pending=max_pending,
             timeout=timeout,
+            keep_on_failure=keep_on_failure,
             triggers=tuple(triggers),
             description=inspect.getdoc(fn) or "",
         )

@@ -184,3 +184,121 @@ def deadline(ctx: Context, inputs: Empty) -> None:
     """Declares a record and sleeps past its two-second deadline."""
     ctx.declare("test.sleep", "held")
     ctx.sleep(60)
+
+
+# --- stands, ownership, concurrency and child runs (issue 5) -------------------------------
+
+
+class HandoffInputs(BaseModel):
+    keep_seconds: float | None = 3600
+
+
+@pipeline("sample.handoff", inputs=HandoffInputs)
+def handoff(ctx: Context, inputs: HandoffInputs) -> None:
+    """Builds net -> (db -> data, app); hands db (with its child) to the stand."""
+    net = ctx.declare("test.sleep", "net")
+    db = ctx.declare("test.sleep", "db", parent=net)
+    ctx.declare("test.sleep", "data", parent=db)
+    ctx.declare("test.sleep", "app", parent=net)
+    db.ready()
+    ctx.to_stand(db, keep_for=timedelta(seconds=inputs.keep_seconds) if inputs.keep_seconds else None)
+
+
+@pipeline("sample.keep", inputs=Empty, keep_on_failure=timedelta(hours=1))
+def keep_on_failure(ctx: Context, inputs: Empty) -> None:
+    """Fails after building an environment, which the stand keeps for an hour."""
+    env = ctx.declare("test.sleep", "env")
+    ctx.declare("test.sleep", "inner", parent=env)
+    env.ready()
+    raise RuntimeError("the smoke test failed")
+
+
+class TurnInputs(BaseModel):
+    label: str
+    seconds: float = 0.5
+
+
+@pipeline("sample.queue", inputs=TurnInputs, concurrency="queue", max_pending=2)
+def queued(ctx: Context, inputs: TurnInputs) -> None:
+    ctx.step("turn", _turn, ctx.run_id, inputs.label, inputs.seconds)
+
+
+def _turn(run_id: str, label: str, seconds: float) -> str:
+    effect("queue", "order", f"start {label} {time.time()}")
+    time.sleep(seconds)
+    effect("queue", "order", f"end {label} {time.time()}")
+    return label
+
+
+@pipeline("sample.replace", inputs=Empty, concurrency="cancel_previous")
+def replace(ctx: Context, inputs: Empty) -> None:
+    ctx.declare("test.sleep", "deployment").ready()
+    ctx.sleep(60)
+
+
+class ChildInputs(BaseModel):
+    index: int
+    seconds: float = 0.3
+    tag: str = "children"
+
+
+class ChildOutput(BaseModel):
+    index: int
+    square: int
+
+
+@pipeline("sample.child", inputs=ChildInputs)
+def child(ctx: Context, inputs: ChildInputs) -> ChildOutput:
+    ctx.declare("test.sleep", f"scratch-{inputs.index}")
+    ctx.step("work", _child_work, inputs.index, inputs.seconds, inputs.tag)
+    return ChildOutput(index=inputs.index, square=inputs.index**2)
+
+
+def _child_work(index: int, seconds: float, tag: str) -> int:
+    effect(tag, "spans", f"start {index} {time.time()}")
+    time.sleep(seconds)
+    effect(tag, "spans", f"end {index} {time.time()}")
+    return index
+
+
+class ParentInputs(BaseModel):
+    count: int = 10
+    concurrency: int = 3
+    seconds: float = 0.3
+    tag: str = "children"
+
+
+class ParentOutput(BaseModel):
+    squares: list[int]
+
+
+@pipeline("sample.parent", inputs=ParentInputs)
+def parent(ctx: Context, inputs: ParentInputs) -> ParentOutput:
+    outputs = ctx.run_all(
+        child,
+        [ChildInputs(index=i, seconds=inputs.seconds, tag=inputs.tag) for i in range(inputs.count)],
+        concurrency=inputs.concurrency,
+    )
+    return ParentOutput(squares=[o.square for o in outputs])
+
+
+class AttachInputs(BaseModel):
+    record_id: str
+
+
+@pipeline("sample.attach", inputs=AttachInputs)
+def attach(ctx: Context, inputs: AttachInputs) -> WaitOutput:
+    """Waits on a record another run owns, read-only."""
+    other = ctx.attach(inputs.record_id)
+    outputs = other.ready()
+    return WaitOutput(ok=True, error=str(outputs.get("object")), pid=os.getpid())
+
+
+@pipeline("sample.adopt", inputs=Empty)
+def adopt(ctx: Context, inputs: Empty) -> None:
+    """children=: a group record becomes the owner of two records declared before it."""
+    first = ctx.declare("test.sleep", "first")
+    second = ctx.declare("test.sleep", "second")
+    group = ctx.declare("test.sleep", "group", children=[first, second])
+    group.ready()
+    ctx.to_stand(group)

@@ -66,8 +66,6 @@ def test_children_are_deleted_before_parents_and_branches_in_parallel(workers: l
     left = [span(r) for r in left_leaves]
     right = [span(r) for r in right_leaves]
     assert any(a0 < b1 and b0 < a1 for a0, a1 in left for b0, b1 in right), (left, right)
-    total = max(end for _, end in left + right) - min(start for start, _ in left + right)
-    assert total < timedelta(milliseconds=4 * 800), f"4 leaves of 0.8 s took {total}: not parallel"
     assert all(objects_of(str(r.pk)) == [] for r in everything)
 
 
