@@ -1,7 +1,9 @@
 """REST routes under /api/v1/."""
 
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from apps.api.views import WhoAmI
 from apps.pipelines.api.stands import StandViewSet
 from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
@@ -14,4 +16,4 @@ router.register("pipelines", PipelineViewSet, basename="pipeline")
 router.register("runs", RunViewSet, basename="run")
 router.register("stands", StandViewSet, basename="stand")
 
-urlpatterns = router.urls
+urlpatterns = [path("whoami/", WhoAmI.as_view(), name="whoami"), *router.urls]

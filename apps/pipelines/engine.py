@@ -307,9 +307,14 @@ class Execution:
                 raise _Fenced
             until = timezone.now() + timedelta(seconds=keep_for) if keep_for else None
             try:
-                record = self._owned(record_id, run)
                 stand = services.stand_get(run.pipeline.name)
-                records.record_transfer(record=record, new_owner=stand, given_by=record.parent, expires_at=until)
+                record = Record.objects.filter(pk=record_id).first()
+                if record is not None and record.parent_id == stand.pk:
+                    # Already handed over (by this run, before a replay): only the TTL changes.
+                    records.record_set_expiry(record=record, expires_at=until, reason="KeptOnStand")
+                else:
+                    record = self._owned(record_id, run)
+                    records.record_transfer(record=record, new_owner=stand, given_by=record.parent, expires_at=until)
             except (ServiceError, ResourceFailed) as exc:
                 failure = f"cannot hand {label} to the stand: {getattr(exc, 'detail', exc)}"
                 self._write(self.seq, call, EntryStatus.FAILED, None, failure)

@@ -164,16 +164,26 @@ def stand_get(pipeline_name: str) -> Record:
     return records.record_ensure_root(kind="graphene.stand", name=pipeline_name)
 
 
-def _hand_to_stand(run: Run, keep_for: timedelta) -> int:
-    """Give everything the run's root still owns to the stand, each part with a TTL."""
+def _hand_to_stand(run: Run, keep_for: timedelta) -> tuple[int, list[str]]:
+    """Give everything the run's root still owns to the stand, each part with a TTL.
+
+    A part the stand cannot take (it already holds one of that kind and name, from an
+    earlier run) is deleted with the run instead, and named in the returned list.
+    """
     stand = stand_get(run.pipeline.name)
     until = timezone.now() + keep_for
-    kept = 0
+    kept, refused = 0, []
     for child in Record.objects.filter(parent_id=run.record_id).exclude(phase=Phase.DELETED).order_by("lft"):
-        if child.deletion_requested_at is None:
-            records.record_transfer(record=child, new_owner=stand, expires_at=until)
+        if child.deletion_requested_at is not None:
+            continue
+        try:
+            with transaction.atomic():
+                records.record_transfer(record=child, new_owner=stand, expires_at=until)
+        except Conflict as exc:
+            refused.append(f"{child.kind}/{child.name}: {exc.detail}")
+        else:
             kept += 1
-    return kept
+    return kept, refused
 
 
 def run_finish(
@@ -197,9 +207,12 @@ def run_finish(
             token is not None and (run.lease_token != token or run.status != RunStatus.RUNNING)
         ):
             return False
-        kept = _hand_to_stand(run, keep_for) if keep_for and status == RunStatus.FAILED and run.record_id else 0
-        if kept:
-            error = f"{error}\n(kept {kept} record(s) on the stand {run.pipeline.name!r} for {keep_for})".lstrip()
+        if keep_for and status == RunStatus.FAILED and run.record_id:
+            kept, refused = _hand_to_stand(run, keep_for)
+            if kept:
+                error = f"{error}\n(kept {kept} record(s) on the stand {run.pipeline.name!r} for {keep_for})".lstrip()
+            if refused:
+                error = f"{error}\n(not kept, deleted with the run: {'; '.join(refused)})"
         _set_status(
             run,
             status,

@@ -218,8 +218,12 @@ class Context:
         timeout: timedelta | float | None = None,
         retries: int = 0,
         **kwargs: Any,
-    ) -> T:
-        """Run ``fn(*args, **kwargs)`` as a checkpointed step and return its (JSON) result.
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a checkpointed step and return its result as JSON.
+
+        The result is journaled as JSON and returned in that form, on the first execution
+        as on every replay (a pydantic model comes back as a dict, a tuple as a list), so
+        both paths see the same value.
 
         At-least-once steps run again after a crash mid-step; at-most-once steps raise
         ``OutcomeUnknown`` instead. A completed step is never run again: replay returns the
@@ -230,8 +234,7 @@ class Context:
         if retries < 0:
             raise ValueError("retries must not be negative")
         seconds = _seconds(timeout, "timeout")
-        result: T = self._runtime.step(name, fn, args, kwargs, guarantee, seconds, retries)
-        return result
+        return self._runtime.step(name, fn, args, kwargs, guarantee, seconds, retries)
 
     def sleep(self, duration: timedelta | float) -> None:
         """A durable timer: the run suspends and a worker resumes it when the time has come."""

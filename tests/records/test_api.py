@@ -237,3 +237,29 @@ def test_openapi_schema_lists_the_record_endpoints(api: APIClient) -> None:
     paths = response.json()["paths"]
     for path in ("/api/v1/records/", "/api/v1/records/{id}/tree/", "/api/v1/records/{id}/transfer/", "/api/v1/kinds/"):
         assert path in paths
+
+
+def test_logs_of_a_record_include_its_subtree_and_filter(api: APIClient) -> None:
+    from apps.observability.services import log_write
+
+    run = factories.run()
+    child = factories.sleep(run, "child")
+    log_write(record_id=run.pk, message="run started")
+    log_write(record_id=child.pk, message="child is warming up", severity="debug")
+    log_write(record_id=child.pk, message="child failed to bind", severity="error")
+    everything = api.get(f"/api/v1/records/{run.pk}/logs/").json()["results"]
+    assert [line["message"] for line in everything] == ["run started", "child is warming up", "child failed to bind"]
+    assert everything[1]["record_name"] == "child"
+    only_own = api.get(f"/api/v1/records/{run.pk}/logs/?descendants=false").json()["results"]
+    assert [line["message"] for line in only_own] == ["run started"]
+    errors = api.get(f"/api/v1/records/{run.pk}/logs/?severity=warning").json()["results"]
+    assert [line["message"] for line in errors] == ["child failed to bind"]
+    grep = api.get(f"/api/v1/records/{run.pk}/logs/?grep=WARMING").json()["results"]
+    assert [line["message"] for line in grep] == ["child is warming up"]
+    assert api.get(f"/api/v1/records/{run.pk}/logs/?severity=loud").status_code == 400
+
+
+def test_whoami(api: APIClient) -> None:
+    body = api.get("/api/v1/whoami/").json()
+    assert body["username"] == "alice"
+    assert body["server_version"]

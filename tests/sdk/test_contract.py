@@ -18,8 +18,11 @@ from tests.conftest import REPO
 
 def test_exported_names_are_pinned() -> None:
     assert sorted(graphene_sdk.__all__) == [
+        "Attached",
+        "ChildRunFailed",
         "Client",
         "ClientError",
+        "ConcurrencyLimit",
         "Context",
         "GrapheneError",
         "Guarantee",

@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from apps.observability.models import LogLine
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
 
@@ -129,3 +130,13 @@ class TreeNode(serializers.Serializer):
     expires_at = serializers.DateTimeField(allow_null=True)
     children = serializers.ListField(child=serializers.DictField())
     truncated = serializers.BooleanField(help_text="deeper descendants exist beyond the requested depth")
+
+
+class LogLineOutput(serializers.ModelSerializer):
+    record = serializers.UUIDField(source="record_id", read_only=True)
+    record_name = serializers.CharField(source="record.name", read_only=True)
+
+    class Meta:
+        model = LogLine
+        fields = ["id", "record", "record_name", "at", "stream", "severity", "source", "message"]
+        read_only_fields = fields

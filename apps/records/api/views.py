@@ -17,11 +17,13 @@ from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst, OldestFirstById
 from apps.core.errors import NotFound, ValidationFailed
+from apps.observability.selectors import log_lines
 from apps.records import selectors, services
 from apps.records.api.serializers import (
     EventOutput,
     ExtendInput,
     KindOutput,
+    LogLineOutput,
     RecordApplyInput,
     RecordDetailOutput,
     RecordOutput,
@@ -216,6 +218,31 @@ class RecordViewSet(viewsets.GenericViewSet):
         record = selectors.record_get(user=request.user, record_id=pk)
         page = self.paginate_queryset(selectors.record_events(record=record))
         return self.get_paginated_response(EventOutput(page, many=True).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("grep", str, description="only lines containing this text (case-insensitive)"),
+            OpenApiParameter("severity", str, description="at least this severity: debug, info, warning, error"),
+            OpenApiParameter("since", str, description="ISO 8601 date-time"),
+            OpenApiParameter("until", str, description="ISO 8601 date-time"),
+            OpenApiParameter("descendants", bool, description="include the subtree's lines (default true)"),
+        ],
+        responses=LogLineOutput(many=True),
+    )
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
+    def logs(self, request: Request, pk: str) -> Response:
+        """The record's log lines (a run's include everything it declared), oldest first."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        lines = log_lines(
+            record=record,
+            include_descendants=request.query_params.get("descendants", "true").lower() not in {"0", "false", "no"},
+            grep=request.query_params.get("grep"),
+            min_severity=request.query_params.get("severity"),
+            since=_datetime_param(request, "since"),
+            until=_datetime_param(request, "until"),
+        )
+        page = self.paginate_queryset(lines)
+        return self.get_paginated_response(LogLineOutput(page, many=True).data)
 
     @extend_schema(request=TransferInput, responses=RecordDetailOutput)
     @action(detail=True, methods=["post"])
