@@ -166,6 +166,8 @@ def cmd_beat(args: argparse.Namespace, extra: Sequence[str]) -> None:
 
 def cmd_manage(extra: Sequence[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
+    if extra[:1] == ["migrate"]:
+        setup_django(need_broker=False)  # a wrong database URL: one line, not a traceback
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["graphene manage", *extra])

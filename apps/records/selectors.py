@@ -96,7 +96,8 @@ def record_owner_chain(*, record: Record) -> list[Record]:
 
 def record_children_counts(*, record: Record) -> dict[str, int]:
     """Direct children by phase."""
-    rows = Record.objects.filter(parent=record).values("phase").annotate(n=Count("pk"))
+    # order_by(): the tree manager orders by (tree_id, lft), which would split the groups.
+    rows = Record.objects.filter(parent=record).order_by().values("phase").annotate(n=Count("pk"))
     return {row["phase"]: row["n"] for row in rows}
 
 

@@ -185,6 +185,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Records, runs and the resources they own.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "COMPONENT_SPLIT_REQUEST": True,
 }
 

@@ -81,7 +81,7 @@ class StandViewSet(viewsets.ViewSet):
             ]
         )
 
-    @extend_schema(responses=RecordOutput(many=True))
+    @extend_schema(operation_id="v1_stands_retrieve", responses=RecordOutput(many=True))
     def retrieve(self, request: Request, pipeline: str) -> Response:
         stand = services.stand_get(services.definition_get(pipeline).name)
         held = list(Record.objects.filter(parent=stand).exclude(phase=Phase.DELETED).order_by("created_at"))

@@ -1,0 +1,219 @@
+"""Smoke test of the embedded mode: ``graphene up`` for real, as a newcomer starts it.
+
+One process with SQLite under a fresh data directory, the in-process broker, and worker and
+beat threads; no GRAPHENE_DATABASE_URL / BROKER / CHANNEL settings at all. The test drives it
+over HTTP only: a record that becomes ``ready`` proves the in-process worker thread ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+pytestmark = pytest.mark.system
+
+REPO = Path(__file__).resolve().parent.parent
+START_DEADLINE = 90.0
+STOP_DEADLINE = 20.0
+T = TypeVar("T")
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
+
+
+def wait_for(condition: Callable[[], T], *, timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http(method: str, url: str, *, token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Token {token}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310  # http:// only
+    try:
+        with _opener.open(request, timeout=90) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+# Runs COMMAND with SIGINT at its default, so Ctrl-C behaves as in a terminal even if this test
+# run inherited SIGINT ignored (as background jobs of a non-interactive shell do).
+WITH_DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+]
+
+
+class Server:
+    """``graphene up`` in a subprocess, with its output in a log file."""
+
+    def __init__(self, data_dir: Path, log: Path) -> None:
+        self.data_dir = data_dir
+        self.log = log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        # Nothing from the test settings (which point at PostgreSQL and Redis) may leak in.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
+        env.update(DJANGO_SETTINGS_MODULE="graphene_project.settings.dev", GRAPHENE_DATA_DIR=str(self.data_dir))
+        return env
+
+    def start(self) -> Server:
+        script = Path(sys.executable).parent / "graphene"
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "graphene_project.cli"]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [*WITH_DEFAULT_SIGINT, *command, "up", "--host", "127.0.0.1", "--port", str(self.port)],
+                cwd=REPO,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(self._ready, timeout=START_DEADLINE, what=f"/readyz of graphene up (log {self.log})")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"graphene up exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        try:
+            status, body = http("GET", f"{self.url}/readyz")
+        except OSError:
+            return False
+        return status == 200 and body["status"] == "ok"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def interrupt(self) -> int:
+        """Ctrl-C, as a user stops it; it must exit by itself within the deadline."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=STOP_DEADLINE)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise AssertionError(f"graphene up did not exit within {STOP_DEADLINE}s of SIGINT") from None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Callable[[], Server]]:
+    started: list[Server] = []
+
+    def start() -> Server:
+        server = Server(tmp_path / "data", tmp_path / "server.log").start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+def test_graphene_up_serves_the_embedded_mode_end_to_end(servers: Callable[[], Server], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = servers()
+    ready = http("GET", f"{server.url}/readyz")[1]["checks"]
+    assert ready["database"]["detail"] == "sqlite"
+    assert ready["broker"]["detail"] == "in-process (embedded)"
+    assert (data / "graphene.sqlite3").is_file()
+
+    # First start: an admin and a token, saved for the user only.
+    creds_file = data / "admin-credentials.json"
+    assert stat.S_IMODE(creds_file.stat().st_mode) == 0o600
+    creds = json.loads(creds_file.read_text())
+    assert creds["username"] == "admin"
+    assert creds["password"]
+    assert creds["token"]
+    first_output = server.output()
+    assert "first start: created user 'admin'" in first_output
+    assert creds["token"] in first_output
+
+    token = creds["token"]
+    api = f"{server.url}/api/v1"
+    assert http("GET", f"{api}/records/")[0] in {401, 403}, "the API must require authentication"
+    status, kinds = http("GET", f"{api}/kinds/", token=token)
+    assert status == 200
+    assert {"file", "test.sleep", "test.flaky"} <= {k["name"] for k in kinds}
+
+    status, stand = http("POST", f"{api}/records/", token=token, body={"kind": "graphene.stand", "name": "smoke"})
+    assert status == 201, stand
+    status, child = http(
+        "POST",
+        f"{api}/records/",
+        token=token,
+        body={"kind": "test.sleep", "name": "box", "owner": stand["id"], "spec": {"create_ms": 300}},
+    )
+    assert status == 201, child
+    # Committed before the kind runs (I1); the worker thread inside the server makes it ready.
+    assert child["phase"] == "pending"
+
+    def child_ready() -> bool:
+        record = http("GET", f"{api}/records/{child['id']}/", token=token)[1]
+        assert record["phase"] in {"pending", "creating", "ready"}, record
+        return bool(record["phase"] == "ready")
+
+    wait_for(child_ready, timeout=30, what="the test.sleep record to be ready (the in-process worker)")
+    status, tree = http("GET", f"{api}/records/{stand['id']}/tree/?depth=3", token=token)
+    assert status == 200
+    assert [(c["kind"], c["name"], c["phase"]) for c in tree["children"]] == [("test.sleep", "box", "ready")]
+
+    status, deleted = http("DELETE", f"{api}/records/{stand['id']}/?wait=true&timeout=60", token=token)
+    assert status == 200, deleted
+    assert deleted["phase"] == "deleted"
+    assert http("GET", f"{api}/records/{child['id']}/", token=token)[1]["phase"] == "deleted"
+
+    assert server.interrupt() == 0
+    assert "Traceback" not in server.output()
+
+    # Second start on the same data: no second admin; it says how to log in instead.
+    second = servers()
+    output = second.output()[len(first_output) :]
+    assert "log in as 'admin'" in output
+    assert "created user" not in output
+    assert json.loads(creds_file.read_text()) == creds
+    assert http("GET", f"{second.url}/api/v1/records/{stand['id']}/", token=token)[1]["phase"] == "deleted"
+    with sqlite3.connect(data / "graphene.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM auth_user").fetchone()[0] == 1
+    assert second.interrupt() == 0
+    assert "Traceback" not in second.output()
