@@ -80,7 +80,7 @@ class Tour:
                     False, f"the run ended ({status['status']}) before its environment was seen: {status['error']}"
                 )
                 return {}
-            tree = self.api.tree(root_id)
+            tree: dict[str, Any] = self.api.tree(root_id)
             nodes = [n for n, _ in walk(tree) if n["kind"] != "graphene.run"]
             if len(nodes) == 5 and all(n["phase"] == "ready" for n in nodes):
                 return tree
@@ -109,7 +109,7 @@ class Tour:
             print(f"  #{entry['seq']:<3} {entry['call'][:64]:<64} {entry['status']}")
 
         def cleaned() -> dict[str, Any] | None:
-            tree = self.api.tree(root_id)
+            tree: dict[str, Any] = self.api.tree(root_id)
             return tree if all(n["phase"] == "deleted" for n, _ in walk(tree)) else None
 
         tree = self.wait("the run's death to delete everything it owned", cleaned, self.args.timeout)

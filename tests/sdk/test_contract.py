@@ -12,6 +12,7 @@ import pytest
 from graphene_sdk import pipeline
 from pydantic import BaseModel
 
+from apps.core.errors import ValidationFailed
 from apps.pipelines import services
 from tests.conftest import REPO
 
@@ -111,6 +112,6 @@ def test_the_examples_load_with_their_schemas() -> None:
     schema = loaded["environment"].input_schema()
     assert schema["properties"]["replicas"]["maximum"] == 10
     assert loaded["release"].output is not None
-    with pytest.raises(services.ValidationFailed) as bad:
+    with pytest.raises(ValidationFailed) as bad:
         services.inputs_validate(loaded["release"], {"version": "one"})
     assert "inputs.version" in bad.value.fields
