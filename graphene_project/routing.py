@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from apps.agents.consumers import AgentGatewayConsumer
 from apps.pipelines.consumers import RunsConsumer
 from apps.records.consumers import RecordsConsumer
 
@@ -9,4 +10,6 @@ websocket_urlpatterns = [
     path("ws/records/", RecordsConsumer.as_asgi()),
     path("ws/runs/", RunsConsumer.as_asgi()),
     path("ws/runs/<uuid:run_id>/", RunsConsumer.as_asgi()),
+    # Agents dial this (outbound from the machine); they authenticate in the first message.
+    path("agents/connect", AgentGatewayConsumer.as_asgi()),
 ]

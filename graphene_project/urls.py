@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from apps.agents import views as agent_views
 from apps.core import views as core_views
 
 urlpatterns = [
@@ -9,5 +10,6 @@ urlpatterns = [
     path("readyz", core_views.readyz, name="readyz"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/", include("apps.api.urls")),
+    path("agents/download", agent_views.download, name="agents-download"),
     path("", admin.site.urls),
 ]

@@ -3,6 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from apps.agents.api.views import AgentViewSet
 from apps.api.views import WhoAmI
 from apps.pipelines.api.stands import StandViewSet
 from apps.pipelines.api.views import PipelineViewSet, RunViewSet
@@ -15,5 +16,6 @@ router.register("orphans", OrphanViewSet, basename="orphan")
 router.register("pipelines", PipelineViewSet, basename="pipeline")
 router.register("runs", RunViewSet, basename="run")
 router.register("stands", StandViewSet, basename="stand")
+router.register("agents", AgentViewSet, basename="agent")
 
 urlpatterns = [path("whoami/", WhoAmI.as_view(), name="whoami"), *router.urls]

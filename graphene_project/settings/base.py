@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "apps.records",
     "apps.pipelines",
     "apps.observability",
+    "apps.agents",
     "apps.api",
 ]
 
@@ -152,6 +153,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": schedule(timedelta(hours=1)),
     },
     "runs-recover": {"task": "apps.pipelines.tasks.runs_recover_task", "schedule": schedule(timedelta(seconds=5))},
+    "agents-mark-lost": {
+        "task": "apps.agents.tasks.agents_mark_lost_task",
+        "schedule": schedule(timedelta(seconds=10)),
+    },
     "records-sweep-orphans": {
         "task": "apps.records.tasks.records_sweep_task",
         "schedule": schedule(timedelta(minutes=10)),
@@ -163,7 +168,17 @@ if CHANNEL_LAYER_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [check_redis_url(CHANNEL_LAYER_URL, setting="GRAPHENE_CHANNEL_LAYER_URL")]},
+            # channels_redis waits up to 5 s (BZPOPMIN) for a consumer's next message, and
+            # redis-py >= 8 times socket reads out after 5 s by default: an idle consumer (an
+            # agent's connection between commands) would die with "Timeout reading from redis".
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": check_redis_url(CHANNEL_LAYER_URL, setting="GRAPHENE_CHANNEL_LAYER_URL"),
+                        "socket_timeout": 30,
+                    }
+                ]
+            },
         }
     }
 else:
@@ -220,3 +235,19 @@ GRAPHENE_PIPELINE_DIRS = env.csv("GRAPHENE_PIPELINE_DIRS", [str(BASE_DIR / "exam
 # A worker executing a run renews its lease every third of this; a dead worker's run is
 # resumed elsewhere once it expires.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
+
+# --- Agents (apps.agents, agent/graphene_agent) ----------------------------------------------
+# The address agents dial, written into install scripts (http(s)://host[:port]; the agent
+# turns it into ws(s)://host/agents/connect). Its host must be in ALLOWED_HOSTS.
+GRAPHENE_AGENT_SERVER_URL = env.string("GRAPHENE_AGENT_SERVER_URL", "http://127.0.0.1:8000") or ""
+# A bootstrap token is single-use and valid this long after agent_declare issued it.
+GRAPHENE_AGENT_BOOTSTRAP_TTL_SECONDS = env.integer("GRAPHENE_AGENT_BOOTSTRAP_TTL_SECONDS", 3600)
+# Credentials expire after this many days (0: never; revocation still applies).
+GRAPHENE_AGENT_CREDENTIAL_TTL_DAYS = env.integer("GRAPHENE_AGENT_CREDENTIAL_TTL_DAYS", 365)
+# How often agents send a heartbeat; the gateway also re-reads queued commands on each one.
+GRAPHENE_AGENT_HEARTBEAT_SECONDS = env.integer("GRAPHENE_AGENT_HEARTBEAT_SECONDS", 15)
+# A disconnected agent's record turns drifted (and its in-flight at-most-once commands
+# unknown) after this long without a reconnect.
+GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS = env.integer("GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS", 60)
+# Where build_agent writes the zipapp served at /agents/download.
+GRAPHENE_AGENT_PYZ = Path(env.string("GRAPHENE_AGENT_PYZ", str(DATA_DIR / "agent" / "graphene-agent.pyz")) or "")

@@ -1,0 +1,57 @@
+"""The wire protocol between the agent and the server's gateway (shared by both sides).
+
+JSON text messages over one websocket that the agent opens. In order:
+
+1. agent -> ``{"type": "auth", "agent_id", "credential"}`` or
+   ``{"type": "bootstrap", "agent_id", "token"}`` (the first connect: a single-use token).
+2. server -> ``{"type": "welcome", "agent_id", "heartbeat_s", "credential"?}``
+   (``credential`` only in answer to a bootstrap: the agent stores it and never sends the
+   token again), or ``{"type": "refused", "reason"}`` followed by a close with a code below.
+3. agent -> ``{"type": "hello", "facts", "instance", "version"}``; the server marks the agent
+   connected and (re)sends every command that is not finished.
+4. Then, in any order:
+   server -> ``command`` ``{id, kind, payload, guarantee, redelivery, output_seq}``,
+   ``cancel`` ``{id}``, ``ack`` ``{id, seq}`` / ``{id, result: true}``;
+   agent -> ``heartbeat``, ``accepted`` ``{id}``, ``output`` ``{id, seq, stream, data}``,
+   ``result`` ``{id, status, exit_code, signal, error, stdout_tail, stderr_tail, output_seq, ...}``.
+
+Commands are de-duplicated by id on the agent; output chunks carry a per-command sequence
+number so that a chunk re-sent after a reconnect is stored once and none is skipped.
+"""
+
+from __future__ import annotations
+
+PATH = "/agents/connect"
+
+# Close codes (4000-4999 are the application's). The agent stops retrying on REFUSED_CODES.
+CLOSE_PROTOCOL = 4400  # a malformed or unexpected message
+CLOSE_UNAUTHENTICATED = 4401  # no or unknown credential / token
+CLOSE_REFUSED = 4403  # known but not acceptable: used token, revoked/expired credential, another agent's
+CLOSE_AUTH_TIMEOUT = 4408  # no auth message in time
+CLOSE_SUPERSEDED = 4409  # a newer connection of the same agent took over
+CLOSE_DELETED = 4410  # the agent's record is being deleted: uninstall, do not come back
+REFUSED_CODES = frozenset({CLOSE_UNAUTHENTICATED, CLOSE_REFUSED, CLOSE_DELETED})
+
+# Command kinds and delivery guarantees.
+EXEC = "exec"
+PUT_FILE = "put_file"
+GET_FILE = "get_file"
+COMMAND_KINDS = (EXEC, PUT_FILE, GET_FILE)
+AT_LEAST_ONCE = "at_least_once"
+AT_MOST_ONCE = "at_most_once"
+GUARANTEES = (AT_LEAST_ONCE, AT_MOST_ONCE)
+
+# Result statuses an agent reports (the server's command statuses are a superset).
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+UNKNOWN = "unknown"
+
+# Sizes. The server (daphne) accepts messages up to 1 MiB from the agent; the agent accepts
+# larger ones (a put_file carries its data).
+MAX_AGENT_MESSAGE = 1024 * 1024
+MAX_SERVER_MESSAGE = 64 * 1024 * 1024
+MAX_PUT_FILE_BYTES = 32 * 1024 * 1024
+MAX_GET_FILE_BYTES = 512 * 1024  # base64 makes it 4/3 larger; it must fit one agent message
+OUTPUT_CHUNK_BYTES = 64 * 1024
+TAIL_BYTES = 16 * 1024

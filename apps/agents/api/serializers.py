@@ -1,0 +1,127 @@
+"""Agents over REST: shapes in and out. Validation of commands lives in the service, so the API
+and the engine refuse the same things with the same messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.agents.choices import Guarantee
+from apps.agents.models import AgentCommand
+from apps.records.models import Record
+
+
+class AgentOutput(serializers.ModelSerializer[Record]):
+    owner = serializers.UUIDField(source="parent_id", read_only=True)
+    connected = serializers.SerializerMethodField()
+    connected_at = serializers.SerializerMethodField()
+    last_seen_at = serializers.SerializerMethodField()
+    disconnected_at = serializers.SerializerMethodField()
+    version = serializers.SerializerMethodField()
+    peer = serializers.SerializerMethodField()
+    facts = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Record
+        fields = [
+            "id",
+            "name",
+            "namespace",
+            "owner",
+            "phase",
+            "labels",
+            "conditions",
+            "connected",
+            "connected_at",
+            "last_seen_at",
+            "disconnected_at",
+            "version",
+            "peer",
+            "facts",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def _state(self, record: Record) -> Any:
+        return getattr(record, "agent_state", None)
+
+    def get_connected(self, record: Record) -> bool:
+        state = self._state(record)
+        return bool(state is not None and state.is_connected)
+
+    def _time(self, record: Record, name: str) -> str | None:
+        value = getattr(self._state(record), name, None)
+        return value.isoformat() if value is not None else None
+
+    def get_connected_at(self, record: Record) -> str | None:
+        return self._time(record, "connected_at")
+
+    def get_last_seen_at(self, record: Record) -> str | None:
+        return self._time(record, "last_seen_at")
+
+    def get_disconnected_at(self, record: Record) -> str | None:
+        return self._time(record, "disconnected_at")
+
+    def get_version(self, record: Record) -> str:
+        return str(getattr(self._state(record), "version", "") or "")
+
+    def get_peer(self, record: Record) -> str:
+        return str(getattr(self._state(record), "peer", "") or "")
+
+    def get_facts(self, record: Record) -> dict[str, Any]:
+        facts = (record.outputs or {}).get("facts")
+        return facts if isinstance(facts, dict) else {}
+
+
+class CommandOutput(serializers.ModelSerializer[AgentCommand]):
+    agent = serializers.UUIDField(source="agent_id", read_only=True)
+    payload = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AgentCommand
+        fields = [
+            "id",
+            "agent",
+            "kind",
+            "status",
+            "guarantee",
+            "payload",
+            "exit_code",
+            "error",
+            "stdout_tail",
+            "stderr_tail",
+            "result",
+            "output_seq",
+            "deliveries",
+            "cancel_requested_at",
+            "created_at",
+            "sent_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_payload(self, command: AgentCommand) -> dict[str, Any]:
+        payload = dict(command.payload)
+        if "data" in payload:  # put_file content: report its size, not the bytes
+            payload["data"] = f"<{len(payload['data']) * 3 // 4} bytes, base64>"
+        return payload
+
+
+class ExecInput(serializers.Serializer[Any]):
+    argv = serializers.JSONField(help_text="the program and its arguments: a non-empty list of strings")
+    env = serializers.JSONField(required=False, help_text="variables added to the agent's environment")
+    cwd = serializers.JSONField(required=False, help_text="absolute working directory on the machine")
+    timeout = serializers.JSONField(required=False, help_text="seconds; the process group is killed after it")
+    guarantee = serializers.ChoiceField(choices=Guarantee.choices, default=Guarantee.AT_LEAST_ONCE)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A misspelt option (``timout``) must not be dropped silently.
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
+            )
+        return attrs

@@ -1,0 +1,110 @@
+"""Agents over REST: thin views — input serializer, selector, one service call, output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.agents import selectors, services
+from apps.agents.api.serializers import AgentOutput, CommandOutput, ExecInput
+from apps.agents.choices import CommandKind
+from apps.api.pagination import NewestFirst
+from apps.core.errors import ValidationFailed
+from apps.records.models import Record
+from apps.records.selectors import parse_label_selector
+
+COMMAND_ID = OpenApiParameter("command_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+
+
+def _bool_param(request: Request, name: str) -> bool | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise ValidationFailed(f"{name}={raw!r} must be true or false", fields={name: ["must be true or false"]})
+
+
+def _require_exec(request: Request) -> None:
+    if not selectors.agent_can_run_commands(user=request.user):
+        raise PermissionDenied(f"running commands on agents needs the {selectors.COMMAND_EXEC_PERMISSION} permission")
+
+
+class AgentViewSet(viewsets.GenericViewSet[Any]):
+    """Agents (records of kind ``agent``) with their connection state, facts and commands."""
+
+    serializer_class = AgentOutput
+    pagination_class = NewestFirst
+    queryset = Record.objects.none()
+    lookup_value_regex = "[^/]+"
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("connected", bool, description="only connected (true) or disconnected (false) agents"),
+            OpenApiParameter("label", str, many=True, description="k=v (repeatable; all must match)"),
+        ],
+        responses=AgentOutput(many=True),
+    )
+    def list(self, request: Request) -> Response:
+        qs: QuerySet[Record] = selectors.agent_list(
+            user=request.user,
+            connected=_bool_param(request, "connected"),
+            labels=parse_label_selector(request.query_params.getlist("label")),
+        )
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(AgentOutput(page, many=True).data)
+
+    @extend_schema(responses=AgentOutput)
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(AgentOutput(selectors.agent_get(user=request.user, agent_id=pk)).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("status", str, description="comma-separated statuses")],
+        responses=CommandOutput(many=True),
+    )
+    @action(detail=True, methods=["get"])
+    def commands(self, request: Request, pk: str) -> Response:
+        agent = selectors.agent_get(user=request.user, agent_id=pk)
+        statuses = [s for s in request.query_params.get("status", "").split(",") if s]
+        page = self.paginate_queryset(selectors.command_list(agent=agent, statuses=statuses))
+        return self.get_paginated_response(CommandOutput(page, many=True).data)
+
+    @extend_schema(parameters=[COMMAND_ID], responses=CommandOutput)
+    @action(detail=True, methods=["get"], url_path=r"commands/(?P<command_id>[^/.]+)")
+    def command(self, request: Request, pk: str, command_id: str) -> Response:
+        agent = selectors.agent_get(user=request.user, agent_id=pk)
+        return Response(CommandOutput(selectors.command_get(agent=agent, command_id=command_id)).data)
+
+    @extend_schema(parameters=[COMMAND_ID], request=None, responses=CommandOutput)
+    @action(detail=True, methods=["post"], url_path=r"commands/(?P<command_id>[^/.]+)/cancel")
+    def cancel(self, request: Request, pk: str, command_id: str) -> Response:
+        agent = selectors.agent_get(user=request.user, agent_id=pk)
+        command = selectors.command_get(agent=agent, command_id=command_id)
+        _require_exec(request)
+        command = services.command_cancel(command=command, actor=request.user)
+        return Response(CommandOutput(command).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=ExecInput, responses={202: CommandOutput})
+    @action(detail=True, methods=["post"])
+    def exec(self, request: Request, pk: str) -> Response:
+        """Run a program on the machine. Answers at once with the command; poll it for the result."""
+        agent = selectors.agent_get(user=request.user, agent_id=pk)
+        _require_exec(request)
+        data = ExecInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        payload = {key: v[key] for key in ("argv", "env", "cwd", "timeout") if key in v}
+        command = services.command_submit(
+            agent=agent, kind=CommandKind.EXEC, payload=payload, guarantee=v["guarantee"], actor=request.user
+        )
+        return Response(CommandOutput(command).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,112 @@
+"""The install script for a machine: cloud-init user-data, or run as-is over SSH.
+
+It needs only ``/bin/sh`` and ``python3`` (>= 3.9): Python itself downloads the zipapp and
+checks its SHA-256 (no curl or wget needed). It converges: running it again replaces the
+zipapp and the config and restarts the agent, never starting a second one.
+
+Overridable from the environment (for non-root installs and tests): ``GRAPHENE_AGENT_PREFIX``,
+``GRAPHENE_AGENT_CONF_DIR``, ``GRAPHENE_AGENT_STATE_DIR``, ``GRAPHENE_AGENT_PYTHON`` and
+``GRAPHENE_AGENT_NO_SYSTEMD=1``.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+TEMPLATE = r"""#!/bin/sh
+# Graphene agent installer for agent {agent_name_comment}.
+# Usable as cloud-init user-data, or run as root (or any user) on the machine.
+# It holds a single-use bootstrap token: treat it as a secret until the agent has connected.
+set -eu
+umask 077
+
+SERVER={server}
+PYZ_SHA256={sha256}
+
+if [ "$(id -u)" = 0 ]; then
+  PREFIX="${{GRAPHENE_AGENT_PREFIX:-/opt/graphene-agent}}"
+  CONF_DIR="${{GRAPHENE_AGENT_CONF_DIR:-/etc/graphene-agent}}"
+  STATE_DIR="${{GRAPHENE_AGENT_STATE_DIR:-/var/lib/graphene-agent}}"
+else
+  PREFIX="${{GRAPHENE_AGENT_PREFIX:-$HOME/.local/share/graphene-agent}}"
+  CONF_DIR="${{GRAPHENE_AGENT_CONF_DIR:-$HOME/.config/graphene-agent}}"
+  STATE_DIR="${{GRAPHENE_AGENT_STATE_DIR:-$HOME/.local/state/graphene-agent}}"
+fi
+PY="${{GRAPHENE_AGENT_PYTHON:-$(command -v python3 || true)}}"
+if [ -z "$PY" ] || ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
+  echo "graphene-agent install: python3 >= 3.9 is required" >&2
+  exit 1
+fi
+
+mkdir -p "$PREFIX" "$CONF_DIR" "$STATE_DIR"
+chmod 700 "$CONF_DIR" "$STATE_DIR"
+
+# Download and verify with Python itself.
+"$PY" - "$SERVER/agents/download" "$PREFIX/.graphene-agent.pyz.tmp" "$PYZ_SHA256" <<'GRAPHENE_PY'
+import hashlib, sys, urllib.request
+url, dest, want = sys.argv[1:4]
+with urllib.request.urlopen(url, timeout=120) as response:
+    data = response.read()
+got = hashlib.sha256(data).hexdigest()
+if got != want:
+    sys.exit("graphene-agent install: checksum mismatch for %s: got %s, expected %s" % (url, got, want))
+with open(dest, "wb") as out:
+    out.write(data)
+GRAPHENE_PY
+chmod 755 "$PREFIX/.graphene-agent.pyz.tmp"
+mv -f "$PREFIX/.graphene-agent.pyz.tmp" "$PREFIX/graphene-agent.pyz"
+
+CONF="$CONF_DIR/agent.env"
+cat > "$CONF.tmp" <<'GRAPHENE_ENV'
+{env_file}GRAPHENE_ENV
+echo "GRAPHENE_AGENT_STATE_DIR=$STATE_DIR" >> "$CONF.tmp"
+chmod 600 "$CONF.tmp"
+mv -f "$CONF.tmp" "$CONF"
+
+if [ "$(id -u)" = 0 ] && [ -z "${{GRAPHENE_AGENT_NO_SYSTEMD:-}}" ] && [ -d /run/systemd/system ] \
+   && command -v systemctl >/dev/null 2>&1; then
+  cat > /etc/systemd/system/graphene-agent.service <<GRAPHENE_UNIT
+[Unit]
+Description=Graphene agent (outbound-only; listens on no port)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=$PY $PREFIX/graphene-agent.pyz --config $CONF
+Restart=always
+RestartSec=5
+# 78: refused for good (revoked, foreign or used credential, deleted record); 2: bad config.
+RestartPreventExitStatus=78 2
+
+[Install]
+WantedBy=multi-user.target
+GRAPHENE_UNIT
+  systemctl daemon-reload
+  systemctl enable graphene-agent.service
+  systemctl restart graphene-agent.service
+  echo "graphene-agent: started by systemd (graphene-agent.service)"
+else
+  PIDFILE="$STATE_DIR/agent.pid"
+  if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    kill "$(cat "$PIDFILE")" 2>/dev/null || true
+    i=0
+    while kill -0 "$(cat "$PIDFILE")" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
+  fi
+  if command -v setsid >/dev/null 2>&1; then DETACH=setsid; else DETACH=; fi
+  # shellcheck disable=SC2086
+  nohup $DETACH "$PY" "$PREFIX/graphene-agent.pyz" --config "$CONF" >> "$STATE_DIR/agent.log" 2>&1 < /dev/null &
+  echo $! > "$PIDFILE"
+  echo "graphene-agent: started in the background (pid $(cat "$PIDFILE"), log $STATE_DIR/agent.log)"
+fi
+"""
+
+
+def render_install_script(*, server_url: str, pyz_sha256: str, env_file: str, agent_name: str) -> str:
+    if "GRAPHENE_ENV" in env_file:  # would end the here-document early
+        raise ValueError("the env file must not contain the here-document delimiter")
+    return TEMPLATE.format(
+        server=shlex.quote(server_url),
+        sha256=shlex.quote(pyz_sha256),
+        env_file=env_file if env_file.endswith("\n") else env_file + "\n",
+        agent_name_comment=" ".join(agent_name.split())[:100],
+    )

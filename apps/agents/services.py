@@ -1,0 +1,841 @@
+"""Every write of the agent gateway: declaration and install data, tokens, connections, commands.
+
+Identity. An agent is a record of kind ``agent``. ``agent_declare`` issues a single-use,
+short-lived bootstrap token; the agent's first connect exchanges it for a long-lived
+credential. Only SHA-256 digests are stored. A credential belongs to exactly one agent
+record; every refusal (unknown, foreign, used, revoked, expired) is an ``error`` event on the
+agent record(s) involved, and the connection is closed with a code from ``protocol``.
+
+Phase. The record is ``ready`` while its agent is connected: the hello moves it to ``ready``
+(through ``creating`` when it was never ready); a disconnect sets the ``Connected`` condition
+to false at once, and a disconnection that outlives ``GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS``
+turns it ``drifted`` (a reconnect makes it ``ready`` again). Moves go through the records
+app's ``_transition``, the one place that checks them and writes their events.
+
+Commands. A command is a row, stored before it is sent; the socket is only delivery. The
+consumer of the agent's connection is told "there is work" through the channel layer (group
+``agent.<id>``) and reads the rows. After a reconnect every open command is sent again; the
+agent de-duplicates by id and answers with what it knows, so a command never runs twice
+because it was re-sent. An at-most-once command whose agent vanished mid-flight (restarted
+while running it, or gone past the grace period) becomes ``unknown``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import secrets
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from graphene_agent import protocol
+
+from apps.agents.choices import IN_FLIGHT, OPEN, TERMINAL, TRANSITIONS, CommandKind, CommandStatus, Guarantee, TokenKind
+from apps.agents.models import Agent, AgentCommand, AgentToken
+from apps.core.errors import Conflict, GrapheneError, ValidationFailed
+from apps.core.events import publish_on_commit
+from apps.observability.models import LogLine
+from apps.records import services as records
+from apps.records.choices import EventType, Phase
+from apps.records.models import Event, Record
+
+logger = logging.getLogger(__name__)
+
+AGENT_KIND = "agent"
+BOOTSTRAP_PREFIX = "gab_"
+CREDENTIAL_PREFIX = "gac_"
+MAX_TAIL_CHARS = 64 * 1024
+MAX_ARGV = 4096
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+# Result keys kept from an agent's answer besides status, exit code, error and tails.
+RESULT_KEYS = ("signal", "timed_out", "duration_s", "size", "sha256", "data", "mode", "replayed", "dropped_chunks")
+
+
+class IllegalCommandTransition(GrapheneError):
+    code = "illegal_transition"
+
+
+class AgentRefused(GrapheneError):
+    """The gateway refuses a connection; ``close_code`` is what the socket is closed with."""
+
+    status_code = 403
+    code = "agent_refused"
+
+    def __init__(self, detail: str, *, close_code: int, reason: str) -> None:
+        super().__init__(detail)
+        self.close_code = close_code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    record_id: uuid.UUID
+    credential: str | None  # only when a bootstrap token was exchanged
+
+
+class AgentInstall(NamedTuple):
+    """What ``agent_declare`` returns. ``bootstrap_token`` is a secret until it is used."""
+
+    record: Record
+    bootstrap_token: str
+    install_script: str
+
+
+def agent_group(record_id: Any) -> str:
+    """The Channels group of an agent's connection (hints only: the rows are the truth)."""
+    return f"agent.{record_id}"
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _now() -> datetime:
+    return timezone.now()
+
+
+def _record_event(record_id: Any, type: str, *, reason: str, message: str, data: dict[str, Any] | None = None) -> None:
+    Event.objects.create(
+        record_id=record_id, type=type, reason=reason, message=message, data=data or {}, created_at=_now()
+    )
+    publish_on_commit("records", {"event": "records.changed", "ids": [str(record_id)]})
+
+
+def _set_condition(
+    conditions: Sequence[Mapping[str, Any]], type: str, status: bool, *, reason: str, message: str
+) -> list[dict[str, Any]]:
+    """Kubernetes-style conditions: one entry per type; the time moves only when the status does."""
+    now = _now().isoformat()
+    out: list[dict[str, Any]] = []
+    found = False
+    for condition in conditions:
+        if condition.get("type") != type:
+            out.append(dict(condition))
+            continue
+        found = True
+        changed = condition.get("status") != ("True" if status else "False")
+        out.append(
+            {
+                "type": type,
+                "status": "True" if status else "False",
+                "reason": reason,
+                "message": message,
+                "last_transition_at": now if changed else condition.get("last_transition_at", now),
+            }
+        )
+    if not found:
+        out.append(
+            {
+                "type": type,
+                "status": "True" if status else "False",
+                "reason": reason,
+                "message": message,
+                "last_transition_at": now,
+            }
+        )
+    return out
+
+
+# --- declaration and install data --------------------------------------------------------------
+
+
+def agent_declare(
+    *,
+    owner: Record,
+    name: str,
+    labels: dict[str, str] | None = None,
+    actor: records.Actor = None,
+    server_url: str | None = None,
+    bootstrap_ttl: timedelta | None = None,
+) -> AgentInstall:
+    """Declare an agent record under ``owner`` and issue install data for a machine.
+
+    Re-declaring returns the same record (and a fresh bootstrap token: each one is single-use).
+    The install script works as cloud-init user-data or over SSH: it downloads the zipapp from
+    the server, checks its SHA-256, writes a 0600 env file and starts the agent.
+    """
+    from apps.agents.bundle import agent_bundle
+
+    bundle = agent_bundle()  # built before the transaction: file work, not database work
+    with transaction.atomic():
+        record = records.record_declare(kind=AGENT_KIND, name=name, owner=owner, spec={}, labels=labels, actor=actor)
+        Agent.objects.get_or_create(record=record)
+        token = agent_bootstrap_issue(record=record, ttl=bootstrap_ttl)
+    script = agent_install_script(record=record, bootstrap_token=token, server_url=server_url, pyz_sha256=bundle.sha256)
+    return AgentInstall(record=record, bootstrap_token=token, install_script=script)
+
+
+def agent_bootstrap_issue(*, record: Record, ttl: timedelta | None = None) -> str:
+    """A new single-use bootstrap token for ``record`` (returned once; only its digest is kept)."""
+    if record.kind != AGENT_KIND:
+        raise ValidationFailed(f"{record} is not an agent record", fields={"record": ["must be of kind agent"]})
+    if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+        raise Conflict(f"{record} ({record.pk}) is being deleted; it cannot be enrolled")
+    ttl = ttl or timedelta(seconds=settings.GRAPHENE_AGENT_BOOTSTRAP_TTL_SECONDS)
+    if ttl <= timedelta(0):
+        raise ValidationFailed("the bootstrap token's lifetime must be positive", fields={"bootstrap_ttl": ["> 0"]})
+    token = BOOTSTRAP_PREFIX + secrets.token_urlsafe(32)
+    now = _now()
+    AgentToken.objects.create(
+        agent=record,
+        kind=TokenKind.BOOTSTRAP,
+        digest=_digest(token),
+        prefix=token[:10],
+        created_at=now,
+        expires_at=now + ttl,
+    )
+    return token
+
+
+def agent_env_file(*, record: Record, bootstrap_token: str, server_url: str | None = None) -> str:
+    """The agent's config file (``KEY=VALUE``; install it with mode 0600: it holds the token)."""
+    # k=v,k=v on one line: labels whose values would break that format stay on the record only.
+    labels = ",".join(
+        f"{k}={v}" for k, v in sorted(record.labels.items()) if not any(c in f"{k}{v}" for c in ",\n\r\x00")
+    )
+    lines = [
+        "# graphene-agent configuration (keep it mode 0600: the bootstrap token is a secret until used)",
+        f"GRAPHENE_AGENT_SERVER={server_url or settings.GRAPHENE_AGENT_SERVER_URL}",
+        f"GRAPHENE_AGENT_ID={record.pk}",
+        f"GRAPHENE_AGENT_BOOTSTRAP_TOKEN={bootstrap_token}",
+    ]
+    if labels:
+        lines.append(f"GRAPHENE_AGENT_LABELS={labels}")
+    return "\n".join(lines) + "\n"
+
+
+def agent_install_script(
+    *, record: Record, bootstrap_token: str, server_url: str | None = None, pyz_sha256: str | None = None
+) -> str:
+    """A POSIX shell script (cloud-init user-data compatible) that installs and starts the agent."""
+    from apps.agents.bundle import agent_bundle
+    from apps.agents.install import render_install_script
+
+    server = (server_url or settings.GRAPHENE_AGENT_SERVER_URL).rstrip("/")
+    return render_install_script(
+        server_url=server,
+        pyz_sha256=pyz_sha256 or agent_bundle().sha256,
+        env_file=agent_env_file(record=record, bootstrap_token=bootstrap_token, server_url=server),
+        agent_name=record.name,
+    )
+
+
+def agent_credentials_revoke(*, record: Record, reason: str = "revoked") -> int:
+    """Revoke every token of the agent and close its connection; it needs a new bootstrap."""
+    now = _now()
+    with transaction.atomic():
+        count = AgentToken.objects.filter(agent=record, revoked_at__isnull=True).update(
+            revoked_at=now, revoked_reason=reason[:120]
+        )
+        _record_event(
+            record.pk, EventType.ERROR, reason="CredentialsRevoked", message=f"{count} token(s) revoked: {reason}"
+        )
+        publish_on_commit(
+            agent_group(record.pk),
+            {"event": "agent.close", "code": protocol.CLOSE_REFUSED, "reason": f"the credential was revoked: {reason}"},
+        )
+    return count
+
+
+# --- authentication ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    close_code: int
+    reason: str
+    message: str
+    record_ids: tuple[Any, ...]
+    data: dict[str, Any]
+
+
+def agent_authenticate(
+    *, agent_id: str, credential: str | None = None, bootstrap_token: str | None = None, peer: str = ""
+) -> Authenticated:
+    """Check what a connecting agent presents; exchange a bootstrap token for a credential.
+
+    Raises ``AgentRefused`` (after committing an ``error`` event on the agent records
+    involved) for anything but a valid, current token of the claimed agent.
+    """
+    try:
+        claimed = uuid.UUID(str(agent_id))
+    except ValueError:
+        raise AgentRefused(
+            f"agent_id {agent_id!r} is not a UUID", close_code=protocol.CLOSE_UNAUTHENTICATED, reason="BadAgentId"
+        ) from None
+    with transaction.atomic():
+        outcome = _authenticate(claimed, credential, bootstrap_token, peer)
+    if isinstance(outcome, _Refusal):
+        with transaction.atomic():
+            for record_id in outcome.record_ids:
+                _record_event(
+                    record_id, EventType.ERROR, reason=outcome.reason, message=outcome.message, data=outcome.data
+                )
+        logger.warning("agent %s from %s refused: %s", claimed, peer or "?", outcome.message)
+        raise AgentRefused(outcome.message, close_code=outcome.close_code, reason=outcome.reason)
+    return outcome
+
+
+def _authenticate(
+    claimed: uuid.UUID, credential: str | None, bootstrap_token: str | None, peer: str
+) -> Authenticated | _Refusal:
+    now = _now()
+    kind = TokenKind.CREDENTIAL if credential else TokenKind.BOOTSTRAP
+    secret = credential or bootstrap_token or ""
+    noun = "credential" if kind == TokenKind.CREDENTIAL else "bootstrap token"
+    claimed_ids = tuple(Record.objects.filter(pk=claimed, kind=AGENT_KIND).values_list("pk", flat=True))
+    data: dict[str, Any] = {"peer": peer, "claimed_agent": str(claimed), "presented": noun}
+
+    def refuse(code: int, reason: str, message: str, ids: tuple[Any, ...] = claimed_ids) -> _Refusal:
+        return _Refusal(code, reason, message, ids, data)
+
+    if not secret:
+        return refuse(protocol.CLOSE_UNAUTHENTICATED, "NoCredential", "the agent presented no credential or token")
+    token = AgentToken.objects.select_for_update().filter(digest=_digest(secret), kind=kind).first()
+    if token is None:
+        return refuse(protocol.CLOSE_UNAUTHENTICATED, "UnknownCredential", f"the {noun} presented is not known")
+    data["token"] = token.prefix
+    if token.agent_id != claimed:
+        return refuse(
+            protocol.CLOSE_REFUSED,
+            "ForeignCredential",
+            f"agent {claimed} presented a {noun} that belongs to agent {token.agent_id}",
+            tuple({*claimed_ids, token.agent_id}),
+        )
+    record = Record.objects.get(pk=token.agent_id)
+    if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+        return refuse(protocol.CLOSE_DELETED, "AgentDeleted", f"agent {record.pk} is deleted or being deleted")
+    if token.revoked_at is not None:
+        why = f": {token.revoked_reason}" if token.revoked_reason else ""
+        return refuse(protocol.CLOSE_REFUSED, f"{kind.title()}Revoked", f"the {noun} was revoked{why}")
+    if token.expires_at is not None and token.expires_at <= now:
+        return refuse(protocol.CLOSE_REFUSED, f"{kind.title()}Expired", f"the {noun} expired at {token.expires_at}")
+    if kind == TokenKind.CREDENTIAL:
+        AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return Authenticated(record_id=record.pk, credential=None)
+    if token.used_at is not None:
+        return refuse(
+            protocol.CLOSE_REFUSED,
+            "BootstrapTokenReused",
+            f"the bootstrap token was already exchanged at {token.used_at.isoformat()}; it is single-use",
+        )
+    # The exchange: this enrollment replaces any earlier one (a re-installed machine).
+    AgentToken.objects.filter(pk=token.pk).update(used_at=now, last_used_at=now)
+    AgentToken.objects.filter(agent=record, revoked_at__isnull=True).exclude(pk=token.pk).update(
+        revoked_at=now, revoked_reason="replaced by a new enrollment"
+    )
+    issued = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+    days = settings.GRAPHENE_AGENT_CREDENTIAL_TTL_DAYS
+    AgentToken.objects.create(
+        agent=record,
+        kind=TokenKind.CREDENTIAL,
+        digest=_digest(issued),
+        prefix=issued[:10],
+        created_at=now,
+        expires_at=now + timedelta(days=days) if days > 0 else None,
+    )
+    return Authenticated(record_id=record.pk, credential=issued)
+
+
+# --- connection --------------------------------------------------------------------------------
+
+
+def agent_connect(
+    *,
+    record_id: Any,
+    session: uuid.UUID,
+    channel_name: str,
+    instance: str,
+    version: str,
+    facts: dict[str, Any],
+    peer: str = "",
+) -> str | None:
+    """The agent said hello on connection ``session``: it is now the current one.
+
+    Records the facts in the record's outputs, sets ``Connected``, moves the record to
+    ``ready``, and returns the channel of a previous connection to close (it is superseded).
+    """
+    now = _now()
+    with transaction.atomic():
+        record = Record.objects.select_for_update(no_key=True).get(pk=record_id)
+        if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+            raise AgentRefused(
+                f"agent {record.pk} is being deleted", close_code=protocol.CLOSE_DELETED, reason="AgentDeleted"
+            )
+        state, _ = Agent.objects.select_for_update().get_or_create(record_id=record.pk)
+        previous = state.channel_name if state.session is not None and state.session != session else None
+        Agent.objects.filter(pk=record.pk).update(
+            session=session,
+            channel_name=channel_name,
+            instance=instance[:64],
+            version=version[:40],
+            peer=peer[:100],
+            connected_at=now,
+            last_seen_at=now,
+            disconnected_at=None,
+            lost_at=None,
+        )
+        outputs = {"facts": facts, "version": version, "instance": instance}
+        conditions = _set_condition(
+            record.conditions, "Connected", True, reason="Connected", message=f"connected from {peer or 'unknown'}"
+        )
+        fields = {
+            "outputs": outputs,
+            "conditions": conditions,
+            "attempts": 0,
+            "next_attempt_at": None,
+            "last_error": "",
+            "observed_generation": record.generation,
+        }
+        if record.phase in (Phase.PENDING, Phase.CREATE_FAILED):
+            records._transition([record], Phase.CREATING, reason="Connected", message="the agent connected")
+        if record.phase != Phase.READY:
+            records._transition(
+                [record], Phase.READY, reason="Connected", message="the agent said hello", fields=fields
+            )
+        else:
+            Record.objects.filter(pk=record.pk).update(updated_at=now, **fields)
+            publish_on_commit("records", {"event": "records.changed", "ids": [str(record.pk)]})
+    return previous
+
+
+def agent_heartbeat(*, record_id: Any, session: uuid.UUID) -> bool:
+    """Note that the agent is alive; ``False`` if this connection is no longer the current one."""
+    return Agent.objects.filter(pk=record_id, session=session).update(last_seen_at=_now()) == 1
+
+
+def agent_disconnect(*, record_id: Any, session: uuid.UUID, reason: str = "Disconnected") -> bool:
+    """Connection ``session`` ended. Sets ``Connected`` false; the phase waits out the grace period."""
+    now = _now()
+    with transaction.atomic():
+        if not Agent.objects.filter(pk=record_id, session=session).update(
+            session=None, channel_name="", disconnected_at=now
+        ):
+            return False  # superseded by a newer connection: nothing to change
+        record = Record.objects.select_for_update(no_key=True).get(pk=record_id)
+        conditions = _set_condition(
+            record.conditions, "Connected", False, reason=reason, message=f"disconnected at {now.isoformat()}"
+        )
+        Record.objects.filter(pk=record.pk).update(conditions=conditions, updated_at=now)
+        publish_on_commit("records", {"event": "records.changed", "ids": [str(record.pk)]})
+    return True
+
+
+def agents_mark_lost(*, now: datetime | None = None) -> int:
+    """Agents disconnected past the grace period: record ``drifted``, in-flight at-most-once ``unknown``.
+
+    Also ends connections whose heartbeats stopped (a web process that died without closing
+    them leaves them looking connected).
+    """
+    now = now or _now()
+    grace = timedelta(seconds=settings.GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS)
+    silent = now - max(grace, timedelta(seconds=3 * settings.GRAPHENE_AGENT_HEARTBEAT_SECONDS))
+    for state in Agent.objects.filter(session__isnull=False, last_seen_at__lt=silent):
+        if state.session is not None:
+            agent_disconnect(record_id=state.pk, session=state.session, reason="HeartbeatsStopped")
+    lost = 0
+    candidates = Agent.objects.filter(session__isnull=True, lost_at__isnull=True, disconnected_at__lte=now - grace)
+    for record_id in candidates.values_list("pk", flat=True):
+        with transaction.atomic():
+            record = Record.objects.select_for_update(no_key=True).get(pk=record_id)
+            state = Agent.objects.select_for_update().get(pk=record_id)
+            if state.session is not None or state.lost_at is not None or state.disconnected_at is None:
+                continue
+            Agent.objects.filter(pk=record_id).update(lost_at=now)
+            since = state.disconnected_at.isoformat()
+            conditions = _set_condition(
+                record.conditions, "Connected", False, reason="Lost", message=f"no reconnect since {since}"
+            )
+            if record.phase == Phase.READY and record.deletion_requested_at is None:
+                records._transition(
+                    [record],
+                    Phase.DRIFTED,
+                    reason="AgentLost",
+                    message=f"disconnected since {since}, past the {grace.total_seconds():.0f}s grace period",
+                    fields={"conditions": conditions},
+                )
+            else:
+                Record.objects.filter(pk=record_id).update(conditions=conditions, updated_at=now)
+            _commands_vanished(record_id, f"the agent vanished while it was in flight (disconnected since {since})")
+            lost += 1
+    return lost
+
+
+def _commands_vanished(record_id: Any, why: str) -> None:
+    """At-most-once commands the agent may have been running: their outcome is unknown."""
+    rows = AgentCommand.objects.select_for_update(no_key=True).filter(
+        agent_id=record_id, guarantee=Guarantee.AT_MOST_ONCE, status__in=sorted(IN_FLIGHT)
+    )
+    for command in rows:
+        _command_finish_row(command, CommandStatus.UNKNOWN, error=why)
+
+
+# --- commands: submit and cancel ----------------------------------------------------------------
+
+
+def _fail(field: str, message: str) -> ValidationFailed:
+    return ValidationFailed(f"{field}: {message}", fields={field: [message]})
+
+
+def _absolute_path(payload: Mapping[str, Any], field: str = "path") -> str:
+    path = payload.get(field)
+    if not isinstance(path, str) or not path:
+        raise _fail(field, "required: an absolute path on the agent's machine")
+    if not path.startswith("/") or "\x00" in path:
+        raise _fail(field, f"must be an absolute path without NUL bytes, got {path!r}")
+    return path
+
+
+def command_payload_validate(kind: str, payload: Any) -> dict[str, Any]:
+    """Check and normalize a command's payload; every error names its field."""
+    if kind not in CommandKind.values:
+        raise _fail("kind", f"unknown command kind {kind!r}; kinds are {CommandKind.values}")
+    if not isinstance(payload, Mapping):
+        raise _fail("payload", "must be a JSON object")
+    allowed = {
+        CommandKind.EXEC: {"argv", "env", "cwd", "timeout"},
+        CommandKind.PUT_FILE: {"path", "data", "mode", "make_dirs"},
+        CommandKind.GET_FILE: {"path", "max_bytes"},
+    }[CommandKind(kind)]
+    unknown = sorted(set(payload) - allowed)
+    if unknown:
+        raise ValidationFailed(
+            f"unknown field(s) {unknown} for {kind}; allowed: {sorted(allowed)}",
+            fields={name: ["unknown field"] for name in unknown},
+        )
+    if kind == CommandKind.EXEC:
+        return _exec_payload(payload)
+    if kind == CommandKind.PUT_FILE:
+        data = payload.get("data")
+        if not isinstance(data, str):
+            raise _fail("data", "required: the file's content, base64-encoded")
+        try:
+            size = len(base64.b64decode(data, validate=True))
+        except (binascii.Error, ValueError):
+            raise _fail("data", "is not valid base64") from None
+        if size > protocol.MAX_PUT_FILE_BYTES:
+            raise _fail("data", f"{size} bytes is more than the {protocol.MAX_PUT_FILE_BYTES} a put_file carries")
+        mode = payload.get("mode", 0o644)
+        if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+            raise _fail("mode", "must be an integer between 0 and 0o7777 (4095)")
+        make_dirs = payload.get("make_dirs", True)
+        if not isinstance(make_dirs, bool):
+            raise _fail("make_dirs", "must be true or false")
+        return {"path": _absolute_path(payload), "data": data, "mode": mode, "make_dirs": make_dirs}
+    max_bytes = payload.get("max_bytes", protocol.MAX_GET_FILE_BYTES)
+    if (
+        not isinstance(max_bytes, int)
+        or isinstance(max_bytes, bool)
+        or not 0 < max_bytes <= protocol.MAX_GET_FILE_BYTES
+    ):
+        raise _fail("max_bytes", f"must be an integer between 1 and {protocol.MAX_GET_FILE_BYTES}")
+    return {"path": _absolute_path(payload), "max_bytes": max_bytes}
+
+
+def _exec_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
+    argv = payload.get("argv")
+    if not isinstance(argv, list) or not argv:
+        raise _fail("argv", "required: a non-empty list of strings (the program and its arguments)")
+    if len(argv) > MAX_ARGV:
+        raise _fail("argv", f"at most {MAX_ARGV} arguments")
+    for index, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise ValidationFailed(
+                f"argv.{index}: must be a string, got {type(arg).__name__}", fields={f"argv.{index}": ["not a string"]}
+            )
+        if "\x00" in arg:
+            raise ValidationFailed(f"argv.{index}: contains a NUL byte", fields={f"argv.{index}": ["NUL byte"]})
+    if not argv[0]:
+        raise ValidationFailed("argv.0: the program must not be empty", fields={"argv.0": ["empty"]})
+    env = payload.get("env") or {}
+    if not isinstance(env, Mapping):
+        raise _fail("env", "must be an object mapping variable names to string values")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\x00" in key:
+            raise ValidationFailed(
+                f"env: {key!r} is not a valid variable name", fields={f"env.{key}": ["invalid variable name"]}
+            )
+        if not isinstance(value, str) or "\x00" in value:
+            raise ValidationFailed(
+                f"env.{key}: must be a string without NUL bytes", fields={f"env.{key}": ["must be a string"]}
+            )
+    cwd = payload.get("cwd")
+    if cwd is not None and cwd != "":
+        cwd = _absolute_path(payload, "cwd")
+    timeout = payload.get("timeout")
+    if timeout is not None:
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+            raise _fail("timeout", "must be a number of seconds")
+        if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+            raise _fail("timeout", f"must be more than 0 and at most {MAX_TIMEOUT_SECONDS} seconds")
+    return {"argv": list(argv), "env": dict(env), "cwd": cwd or None, "timeout": timeout}
+
+
+def command_submit(
+    *,
+    agent: Record,
+    kind: str,
+    payload: Mapping[str, Any],
+    guarantee: str = Guarantee.AT_LEAST_ONCE,
+    actor: records.Actor = None,
+    log_to: Iterable[Any] = (),
+) -> AgentCommand:
+    """Store a command for ``agent`` and tell its connection (if any) after commit.
+
+    It is delivered now if the agent is connected, else when it connects. ``log_to`` names
+    more records (e.g. a run) whose logs receive the command's output besides the agent's.
+    """
+    if agent.kind != AGENT_KIND:
+        raise _fail("agent", f"{agent} is not an agent record")
+    if guarantee not in Guarantee.values:
+        raise _fail("guarantee", f"unknown guarantee {guarantee!r}; guarantees are {Guarantee.values}")
+    clean = command_payload_validate(kind, payload)
+    extra_logs = [str(uuid.UUID(str(r))) for r in log_to]
+    with transaction.atomic():
+        current = Record.objects.filter(pk=agent.pk).values("phase", "deletion_requested_at").first()
+        if current is None or current["phase"] == Phase.DELETED or current["deletion_requested_at"] is not None:
+            raise Conflict(f"agent {agent.name} ({agent.pk}) is deleted or being deleted; it takes no commands")
+        command = AgentCommand.objects.create(
+            agent=agent,
+            kind=kind,
+            payload=clean,
+            guarantee=guarantee,
+            log_record_ids=extra_logs,
+            requested_by_id=actor.pk if actor is not None and actor.is_authenticated else None,
+            created_at=_now(),
+        )
+        publish_on_commit(agent_group(agent.pk), {"event": "agent.commands"})
+    return command
+
+
+def command_cancel(*, command: AgentCommand, actor: records.Actor = None) -> AgentCommand:
+    """Cancel: a queued command never goes out; a sent or running one is killed on the agent."""
+    with transaction.atomic():
+        command = AgentCommand.objects.select_for_update(no_key=True).get(pk=command.pk)
+        if command.status in TERMINAL:
+            return command
+        if command.status == CommandStatus.QUEUED:
+            _command_finish_row(command, CommandStatus.CANCELLED, error="cancelled before it was sent")
+            return command
+        if command.cancel_requested_at is None:
+            command.cancel_requested_at = _now()
+            AgentCommand.objects.filter(pk=command.pk).update(cancel_requested_at=command.cancel_requested_at)
+        publish_on_commit(agent_group(command.agent_id), {"event": "agent.commands"})
+    return command
+
+
+# --- commands: delivery and results (called by the gateway consumer) -----------------------------
+
+
+def _command_message(command: AgentCommand, *, redelivery: bool) -> dict[str, Any]:
+    return {
+        "type": "command",
+        "id": str(command.pk),
+        "kind": command.kind,
+        "payload": command.payload,
+        "guarantee": command.guarantee,
+        "redelivery": redelivery,
+        "output_seq": command.output_seq,
+    }
+
+
+def commands_deliver(*, record_id: Any, session: uuid.UUID, everything: bool) -> list[dict[str, Any]]:
+    """Messages to send on connection ``session``: queued commands (now ``sent``) and cancels.
+
+    ``everything`` (right after the hello): also re-send every command already sent, since
+    the agent may not have it, or has finished it and its result was lost with the old
+    connection. The agent answers a known id from its journal instead of running it again.
+    """
+    now = _now()
+    with transaction.atomic():
+        if not Agent.objects.filter(pk=record_id, session=session).exists():
+            return []  # fenced: this connection is no longer the agent's current one
+        statuses = sorted(OPEN) if everything else [CommandStatus.QUEUED]
+        rows = list(
+            AgentCommand.objects.select_for_update(no_key=True, skip_locked=True)
+            .filter(agent_id=record_id, status__in=statuses)
+            .order_by("created_at", "pk")
+        )
+        cancels = list(
+            AgentCommand.objects.filter(
+                agent_id=record_id, status__in=sorted(IN_FLIGHT), cancel_requested_at__isnull=False
+            ).values_list("pk", flat=True)
+        )
+        messages: list[dict[str, Any]] = []
+        for command in rows:
+            if command.cancel_requested_at is not None:
+                continue  # only the cancel goes out (below): the agent answers it for any id
+            redelivery = command.status != CommandStatus.QUEUED
+            if not redelivery:
+                _command_transition(command, CommandStatus.SENT)
+            AgentCommand.objects.filter(pk=command.pk).update(
+                status=command.status,
+                sent_at=command.sent_at or now,
+                deliveries=command.deliveries + 1,
+                session=session,
+            )
+            messages.append(_command_message(command, redelivery=redelivery))
+        messages.extend({"type": "cancel", "id": str(pk)} for pk in cancels)
+    return messages
+
+
+def command_accepted(*, record_id: Any, command_id: Any) -> None:
+    """The agent started the command (or re-attached to it after a reconnect)."""
+    with transaction.atomic():
+        command = AgentCommand.objects.select_for_update(no_key=True).filter(pk=command_id, agent_id=record_id).first()
+        if command is None or command.status != CommandStatus.SENT:
+            return
+        _command_transition(command, CommandStatus.RUNNING)
+        AgentCommand.objects.filter(pk=command.pk).update(status=command.status, started_at=_now())
+
+
+def command_output(*, record_id: Any, command_id: Any, seq: int, stream: str, data: str) -> int:
+    """Store an output chunk as log lines, once; returns the sequence number to acknowledge."""
+    with transaction.atomic():
+        command = AgentCommand.objects.select_for_update(no_key=True).filter(pk=command_id, agent_id=record_id).first()
+        if command is None:
+            return seq  # not ours (or purged): let the agent forget it
+        if seq <= command.output_seq:
+            return command.output_seq  # a chunk re-sent after a reconnect: already stored
+        lines = data.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        if seq > command.output_seq + 1:
+            missing = seq - command.output_seq - 1
+            lines.insert(0, f"[graphene: {missing} output chunk(s) of this command were lost on the agent]")
+        _log_lines(command, lines, stream="stderr" if stream == "stderr" else "stdout")
+        fields: dict[str, Any] = {"output_seq": seq}
+        if command.status == CommandStatus.SENT:
+            _command_transition(command, CommandStatus.RUNNING)
+            fields.update(status=command.status, started_at=_now())
+        AgentCommand.objects.filter(pk=command.pk).update(**fields)
+    return seq
+
+
+def _log_lines(command: AgentCommand, lines: Sequence[str], *, stream: str) -> None:
+    """The bulk form of ``observability.services.log_write`` (same fields, one INSERT per chunk).
+
+    A chunk carries many lines; one statement per chunk instead of per line is what lets an
+    agent stream tens of thousands of lines a second.
+    """
+    now = _now()
+    source = f"command/{command.pk}"
+    targets = [command.agent_id, *command.log_record_ids]
+    LogLine.objects.bulk_create(
+        [
+            LogLine(record_id=target, at=now, stream=stream, severity="info", source=source, message=line)
+            for target in targets
+            for line in lines
+        ]
+    )
+
+
+def command_finish(*, record_id: Any, command_id: Any, result: Mapping[str, Any]) -> AgentCommand | None:
+    """The agent's result for a command; stored once (a replayed result of a finished command is ignored)."""
+    with transaction.atomic():
+        command = AgentCommand.objects.select_for_update(no_key=True).filter(pk=command_id, agent_id=record_id).first()
+        if command is None or command.status in TERMINAL:
+            return command
+        status = str(result.get("status", ""))
+        error = str(result.get("error") or "")
+        if status not in (protocol.SUCCEEDED, protocol.FAILED, protocol.CANCELLED, protocol.UNKNOWN):
+            error = f"the agent reported an unknown status {status!r}. {error}".strip()
+            status = CommandStatus.FAILED
+        if status == protocol.UNKNOWN and command.guarantee == Guarantee.AT_LEAST_ONCE:
+            # Only at-most-once commands may end unknown; an at-least-once one is run again.
+            logger.warning("agent reported %s unknown although it is at least once", command.pk)
+        exit_code = result.get("exit_code")
+        extra = {key: result[key] for key in RESULT_KEYS if key in result}
+        if int(result.get("output_seq") or 0) > command.output_seq:
+            extra["output_incomplete"] = True
+        _command_finish_row(
+            command,
+            CommandStatus(status),
+            error=error,
+            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
+            stdout_tail=str(result.get("stdout_tail") or "")[-MAX_TAIL_CHARS:],
+            stderr_tail=str(result.get("stderr_tail") or "")[-MAX_TAIL_CHARS:],
+            result=extra,
+        )
+    return command
+
+
+def _command_transition(command: AgentCommand, to: str) -> None:
+    if to not in TRANSITIONS[command.status]:
+        raise IllegalCommandTransition(f"command {command.pk} cannot go from {command.status} to {to}")
+    command.status = to
+
+
+def _command_finish_row(
+    command: AgentCommand,
+    status: CommandStatus,
+    *,
+    error: str = "",
+    exit_code: int | None = None,
+    stdout_tail: str = "",
+    stderr_tail: str = "",
+    result: dict[str, Any] | None = None,
+) -> None:
+    """End a locked command row; wake runs waiting on it after commit."""
+    _command_transition(command, status)
+    now = _now()
+    fields = {
+        "status": status,
+        "error": error,
+        "exit_code": exit_code,
+        "stdout_tail": stdout_tail,
+        "stderr_tail": stderr_tail,
+        "result": result or {},
+        "finished_at": now,
+    }
+    for name, value in fields.items():
+        setattr(command, name, value)
+    AgentCommand.objects.filter(pk=command.pk).update(**fields)
+    publish_on_commit(
+        "agents", {"event": "agent.command.changed", "id": str(command.pk), "agent": str(command.agent_id)}
+    )
+    command_id = command.pk
+
+    def wake() -> None:
+        from apps.pipelines.services import runs_wake
+
+        try:
+            runs_wake(targets=[command_id])
+        except Exception:  # a hint: the runs' recovery scan finds them if this is lost
+            logger.warning("could not wake runs waiting on command %s", command_id, exc_info=True)
+
+    transaction.on_commit(wake)
+
+
+def agent_retire(*, record: Record) -> None:
+    """The agent record is being deleted: revoke its tokens, end its commands, close its connection.
+
+    Never waits for the machine: a machine that is gone for good must not block the deletion.
+    """
+    now = _now()
+    with transaction.atomic():
+        AgentToken.objects.filter(agent=record, revoked_at__isnull=True).update(
+            revoked_at=now, revoked_reason="the agent record was deleted"
+        )
+        for command in AgentCommand.objects.select_for_update(no_key=True).filter(
+            agent=record, status__in=sorted(OPEN)
+        ):
+            if command.status == CommandStatus.QUEUED or command.guarantee == Guarantee.AT_LEAST_ONCE:
+                _command_finish_row(command, CommandStatus.CANCELLED, error="the agent record was deleted")
+            else:
+                _command_finish_row(
+                    command, CommandStatus.UNKNOWN, error="the agent record was deleted while this was in flight"
+                )
+        Agent.objects.filter(pk=record.pk).update(session=None, channel_name="", disconnected_at=now, lost_at=now)
+        publish_on_commit(
+            agent_group(record.pk),
+            {"event": "agent.close", "code": protocol.CLOSE_DELETED, "reason": "the agent's record was deleted"},
+        )

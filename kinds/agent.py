@@ -1,0 +1,51 @@
+"""The ``agent`` kind: a machine agent, ready only while it is connected.
+
+The "external object" is the agent's live connection. ``create`` succeeds once the agent is
+connected (it returns the facts of its hello); before that it raises a retryable error, and
+the gateway itself moves the record to ``ready`` the moment the agent says hello, so a
+create retry is only a safety net. ``delete`` retires the agent (revokes its credentials,
+ends its commands, tells it to go) and never waits for the machine: a machine that is gone
+for good must not keep its record from being deleted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kinds import Kind, KindError, Observed
+
+if TYPE_CHECKING:
+    from apps.records.models import Record
+
+
+class AgentKind(Kind):
+    name = "agent"
+    description = (
+        "A machine running graphene-agent, which dials out to the server (it listens on no port). "
+        "Ready while connected; its facts (hostname, os, arch, cpus, memory, addresses) are its outputs."
+    )
+    spec_schema = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    def create(self, record: Record) -> dict[str, Any]:
+        from apps.agents.models import Agent
+        from apps.records.models import Record
+
+        state = Agent.objects.filter(pk=record.pk).first()
+        if state is None or not state.is_connected:
+            raise KindError(f"waiting for agent {record.name} to connect (install it with its bootstrap token)")
+        # The hello wrote the facts after ``record`` was read: return the row's, not the snapshot's.
+        outputs: dict[str, Any] = Record.objects.filter(pk=record.pk).values_list("outputs", flat=True).first() or {}
+        return outputs
+
+    def observe(self, record: Record) -> Observed | None:
+        from apps.agents.models import Agent
+
+        state = Agent.objects.filter(pk=record.pk).first()
+        if state is None or not state.is_connected:
+            return None
+        return Observed(outputs=dict(record.outputs))
+
+    def delete(self, record: Record) -> None:
+        from apps.agents.services import agent_retire
+
+        agent_retire(record=record)

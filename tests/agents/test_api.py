@@ -1,0 +1,134 @@
+"""The agents REST API and the command services, in-process (no agent connected)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from apps.agents import services
+from apps.agents.choices import CommandStatus
+from apps.agents.models import AgentCommand
+from apps.records.models import Record
+from apps.records.services import record_create_root
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def stand() -> Record:
+    return record_create_root(kind="graphene.stand", name="agents-api")
+
+
+@pytest.fixture
+def agent(stand: Record) -> Record:
+    return services.agent_declare(owner=stand, name="box", labels={"role": "ci"}).record
+
+
+@pytest.fixture
+def operator(api: APIClient, user: Any) -> APIClient:
+    user.user_permissions.add(Permission.objects.get(codename="add_agentcommand", content_type__app_label="agents"))
+    return api
+
+
+def test_declare_returns_install_data_and_stores_only_digests(stand: Record) -> None:
+    record, token, script = services.agent_declare(owner=stand, name="m1", server_url="https://graphene.example")
+    assert record.kind == "agent"
+    assert token.startswith("gab_")
+    assert script.startswith("#!/bin/sh")
+    assert "https://graphene.example" in script
+    assert token in script
+    assert f"GRAPHENE_AGENT_ID={record.pk}" in script
+    assert not record.agent_tokens.filter(digest=token).exists()
+    assert record.agent_tokens.count() == 1
+    again = services.agent_declare(owner=stand, name="m1")
+    assert again.record.pk == record.pk
+    assert again.bootstrap_token != token
+
+
+def test_list_shows_connection_state_and_facts_within_a_query_budget(operator: APIClient, stand: Record) -> None:
+    for i in range(5):
+        services.agent_declare(owner=stand, name=f"agent-{i}")
+    with CaptureQueriesContext(connection) as queries:
+        response = operator.get("/api/v1/agents/")
+    assert response.status_code == 200
+    assert len(response.data["results"]) == 5
+    assert len(queries) <= 4
+    first = response.data["results"][0]
+    assert first["connected"] is False
+    assert first["facts"] == {}
+    assert first["phase"] == "pending"
+    assert operator.get("/api/v1/agents/?connected=maybe").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "argv"),
+        ({"argv": []}, "argv"),
+        ({"argv": "ls -l"}, "argv"),
+        ({"argv": ["ls", 3]}, "argv.1"),
+        ({"argv": ["ls"], "env": {"A=B": "x"}}, "env.A=B"),
+        ({"argv": ["ls"], "env": {"A": 1}}, "env.A"),
+        ({"argv": ["ls"], "cwd": "relative/dir"}, "cwd"),
+        ({"argv": ["ls"], "timeout": 0}, "timeout"),
+        ({"argv": ["ls"], "timeout": "soon"}, "timeout"),
+        ({"argv": ["ls"], "guarantee": "exactly_once"}, "guarantee"),
+        ({"argv": ["ls"], "shell": True}, "shell"),
+    ],
+)
+def test_exec_input_errors_name_the_field(operator: APIClient, agent: Record, body: dict[str, Any], field: str) -> None:
+    response = operator.post(f"/api/v1/agents/{agent.pk}/exec/", body, format="json")
+    assert response.status_code == 400, response.data
+    assert field in response.data["fields"], response.data
+    assert not AgentCommand.objects.exists()
+
+
+def test_exec_needs_the_permission_and_queues_a_command(api: APIClient, operator: APIClient, agent: Record) -> None:
+    body = {"argv": ["echo", "hi"], "timeout": 5}
+    forbidden = APIClient()
+    forbidden.credentials(HTTP_AUTHORIZATION=api._credentials["HTTP_AUTHORIZATION"])  # type: ignore[attr-defined]
+    response = operator.post(f"/api/v1/agents/{agent.pk}/exec/", body, format="json")
+    assert response.status_code == 202
+    assert response.data["status"] == "queued"
+    command_id = response.data["id"]
+    polled = operator.get(f"/api/v1/agents/{agent.pk}/commands/{command_id}/")
+    assert polled.status_code == 200
+    assert polled.data["payload"]["argv"] == ["echo", "hi"]
+    listed = operator.get(f"/api/v1/agents/{agent.pk}/commands/")
+    assert [c["id"] for c in listed.data["results"]] == [command_id]
+    cancelled = operator.post(f"/api/v1/agents/{agent.pk}/commands/{command_id}/cancel/")
+    assert cancelled.status_code == 202
+    assert cancelled.data["status"] == "cancelled"
+    assert operator.get(f"/api/v1/agents/{agent.pk}/commands/not-a-uuid/").status_code == 404
+
+
+def test_exec_without_the_permission_is_forbidden(api: APIClient, agent: Record) -> None:
+    response = api.post(f"/api/v1/agents/{agent.pk}/exec/", {"argv": ["id"]}, format="json")
+    assert response.status_code == 403
+    assert "add_agentcommand" in response.data["detail"]
+
+
+def test_commands_of_a_deleted_agent_are_refused_and_open_ones_end(agent: Record) -> None:
+    queued = services.command_submit(agent=agent, kind="exec", payload={"argv": ["true"]})
+    services.agent_retire(record=agent)
+    assert AgentCommand.objects.get(pk=queued.pk).status == CommandStatus.CANCELLED
+    assert not agent.agent_tokens.filter(revoked_at__isnull=True).exists()
+
+
+def test_payload_validation_of_file_commands(agent: Record) -> None:
+    from apps.core.errors import ValidationFailed
+
+    with pytest.raises(ValidationFailed) as bad_b64:
+        services.command_submit(agent=agent, kind="put_file", payload={"path": "/x", "data": "***"})
+    assert "data" in bad_b64.value.fields
+    with pytest.raises(ValidationFailed) as relative:
+        services.command_submit(agent=agent, kind="get_file", payload={"path": "etc/passwd"})
+    assert "path" in relative.value.fields
+    with pytest.raises(ValidationFailed) as kind:
+        services.command_submit(agent=agent, kind="reboot", payload={})
+    assert "kind" in kind.value.fields

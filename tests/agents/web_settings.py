@@ -1,0 +1,24 @@
+"""Settings for the web process the agent system tests start: the test settings, plus the Redis
+channel layer, so that commands submitted by the test process reach the gateway's consumers
+(the test settings force the in-memory layer, which a second process cannot share)."""
+
+import os
+
+from graphene_project.settings.test import *  # noqa: F403
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # socket_timeout: see the agents block of settings/base.py (redis-py >= 8 vs BZPOPMIN).
+        "CONFIG": {
+            "hosts": [
+                {
+                    "address": os.environ.get("GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL", "redis://127.0.0.1:6379/13"),
+                    "socket_timeout": 30,
+                }
+            ]
+        },
+    }
+}
+GRAPHENE_AGENT_HEARTBEAT_SECONDS = 1
+GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS = 2
