@@ -42,6 +42,8 @@ from graphene_sdk import Pipeline as Definition
 from graphene_sdk._context import Guarantee
 from pydantic import BaseModel
 
+from apps.agents import selectors as agent_selectors
+from apps.agents import services as agents
 from apps.core.errors import GrapheneError as ServiceError
 from apps.observability.services import log_write
 from apps.pipelines import services
@@ -373,6 +375,111 @@ class Execution:
                 failures=failures,
             )
         return list(outcome["outputs"])
+
+    # --- Runtime: agents ---------------------------------------------------------------------
+
+    def agent(self, name: str, labels: Mapping[str, str]) -> str:
+        call = f"agent {name}"
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error)
+            return str(_result(entry)["record_id"])
+        failure = ""
+        with transaction.atomic():
+            run = self._fenced_run()
+            try:
+                # The install data holds a bootstrap token: it is never journaled (I7);
+                # install_env()/install_script() issue a fresh single-use token when asked.
+                record = agents.agent_declare(owner=self._owner(None, run), name=name, labels=dict(labels)).record
+            except ServiceError as exc:
+                failure = f"cannot declare agent {name}: {exc.detail}"
+                self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            else:
+                self._write(self.seq, call, EntryStatus.COMPLETED, {"record_id": str(record.pk)})
+        if failure:
+            raise ResourceFailed(failure)
+        return str(record.pk)
+
+    def agent_install(self, record_id: str, form: str) -> str:
+        record = Record.objects.get(pk=record_id)
+        token = agents.agent_bootstrap_issue(record=record)
+        if form == "env":
+            return agents.agent_env_file(record=record, bootstrap_token=token)
+        return agents.agent_install_script(record=record, bootstrap_token=token)
+
+    def agent_exec(
+        self,
+        record_id: str,
+        label: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float | None,
+        guarantee: Guarantee,
+    ) -> dict[str, Any]:
+        call = f"exec {label} {argv[0]}"
+        entry = self._next(call)
+        seq = self.seq
+        if entry is not None and entry.status == EntryStatus.COMPLETED:
+            return _result(entry)
+        if entry is not None and entry.status in (EntryStatus.FAILED, EntryStatus.UNKNOWN):
+            if entry.status == EntryStatus.UNKNOWN:
+                raise OutcomeUnknown(entry.error, step=call)
+            raise ResourceFailed(entry.error, record_id=record_id)
+        if entry is None:
+            payload: dict[str, Any] = {"argv": list(argv), "env": dict(env)}
+            if cwd is not None:
+                payload["cwd"] = cwd
+            if timeout is not None:
+                payload["timeout"] = timeout
+            failure = ""
+            with transaction.atomic():  # the command row and its journal entry commit together
+                run = self._fenced_run()
+                try:
+                    command = agents.command_submit(
+                        agent=self._owned(record_id, run),
+                        kind="exec",
+                        payload=payload,
+                        guarantee=guarantee,
+                        log_to=[run.record_id],
+                    )
+                except (ServiceError, ResourceFailed) as exc:
+                    failure = f"cannot run {argv[0]} on {label}: {getattr(exc, 'detail', exc)}"
+                    self._write(seq, call, EntryStatus.FAILED, None, failure)
+                else:
+                    self._write(seq, call, EntryStatus.STARTED, {"command": str(command.pk)})
+            if failure:
+                raise ResourceFailed(failure, record_id=record_id)
+            command_id = str(command.pk)
+        else:
+            command_id = str(_result(entry)["command"])
+        command = agent_selectors.command_get(command_id=command_id)
+        if not command.is_finished:
+            raise _Suspend(waiting_on=[command_id])
+        if command.status == "unknown":
+            message = f"{argv[0]} on {label} (at most once) was interrupted; it may or may not have run"
+            self._write(seq, call, EntryStatus.UNKNOWN, {"command": command_id}, message)
+            raise OutcomeUnknown(message, step=call)
+        if command.exit_code is None:
+            failure = f"{argv[0]} on {label} did not run: {command.status}"
+            self._write(seq, call, EntryStatus.FAILED, {"command": command_id}, failure)
+            raise ResourceFailed(failure, record_id=record_id)
+        result = {
+            "command": command_id,
+            "exit_code": command.exit_code,
+            "stdout_tail": command.stdout_tail,
+            "stderr_tail": command.stderr_tail,
+        }
+        self._write(seq, call, EntryStatus.COMPLETED, result)
+        return result
+
+    def _fenced_run(self) -> Run:
+        run = Run.objects.select_for_update(no_key=True).get(pk=self.run.pk)
+        if run.lease_token != self.token or run.status != RunStatus.RUNNING:
+            self.lost.set()
+            raise _Fenced
+        return run
 
     # --- Runtime: steps, timers, logs -------------------------------------------------------
 

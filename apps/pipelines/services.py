@@ -27,6 +27,7 @@ from graphene_sdk import Pipeline as Definition
 from graphene_sdk import registered
 from pydantic import ValidationError
 
+from apps.agents.models import AgentCommand
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
@@ -436,6 +437,10 @@ def targets_settled(targets: Iterable[Any]) -> set[str]:
         .values_list("pk", flat=True)
     }
     done |= {str(pk) for pk in Run.objects.filter(pk__in=ids, status__in=list(TERMINAL)).values_list("pk", flat=True)}
+    done |= {
+        str(pk)
+        for pk in AgentCommand.objects.filter(pk__in=ids, finished_at__isnull=False).values_list("pk", flat=True)
+    }
     return done
 
 

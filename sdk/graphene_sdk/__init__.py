@@ -4,7 +4,7 @@ The names exported here are the SDK's contract (a test pins ``__all__``).
 """
 
 from graphene_sdk._client import Client, RunHandle, RunInfo
-from graphene_sdk._context import Attached, Context, Guarantee, Resource
+from graphene_sdk._context import Agent, Attached, Context, ExecResult, Guarantee, Resource
 from graphene_sdk._errors import (
     ChildRunFailed,
     ClientError,
@@ -20,12 +20,14 @@ from graphene_sdk._errors import (
 from graphene_sdk._pipeline import Pipeline, pipeline, registered
 
 __all__ = [
+    "Agent",
     "Attached",
     "ChildRunFailed",
     "Client",
     "ClientError",
     "ConcurrencyLimit",
     "Context",
+    "ExecResult",
     "GrapheneError",
     "Guarantee",
     "NonDeterminismError",

@@ -7,6 +7,7 @@ replayable), or the in-memory runtime of ``graphene_sdk.testing``. Pipeline code
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -43,6 +44,21 @@ class Runtime(Protocol):
     def run_children(
         self, pipeline: Pipeline[Any, Any], inputs: Sequence[dict[str, Any]], concurrency: int
     ) -> list[Any]: ...
+
+    def agent(self, name: str, labels: Mapping[str, str]) -> str: ...
+
+    def agent_install(self, record_id: str, form: Literal["env", "script"]) -> str: ...
+
+    def agent_exec(
+        self,
+        record_id: str,
+        label: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float | None,
+        guarantee: Guarantee,
+    ) -> dict[str, Any]: ...
 
     def ready(self, record_id: str, label: str) -> tuple[dict[str, Any] | None, ResourceFailed | None]: ...
 
@@ -104,6 +120,63 @@ class Resource(_Handle):
     def delete(self) -> None:
         """Delete this record and its subtree now (children first), before the run ends."""
         self._runtime.delete(self.id, f"{self.kind}/{self.name}")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a command did on an agent's machine (the full output is in the run's log)."""
+
+    exit_code: int
+    stdout_tail: str
+    stderr_tail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Agent(Resource):
+    """An agent record: a machine that dialled in. Commands are delivered when it connects."""
+
+    __slots__ = ()
+
+    def install_env(self) -> str:
+        """An agent config file (0600) with a new single-use bootstrap token. Never journaled."""
+        return self._runtime.agent_install(self.id, "env")
+
+    def install_script(self) -> str:
+        """A shell script (usable as cloud-init user-data) that installs and starts the agent."""
+        return self._runtime.agent_install(self.id, "script")
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: timedelta | float | None = None,
+        guarantee: Guarantee = "at_least_once",
+    ) -> ExecResult:
+        """Run ``argv`` on the machine; the run suspends until it ends (output streams to the log).
+
+        A command is stored before it is sent and de-duplicated by the agent, so a replay or
+        a reconnect never runs it twice; an at-most-once command whose agent vanished
+        mid-flight raises ``OutcomeUnknown``.
+        """
+        if isinstance(argv, str) or not argv:
+            raise ValueError("argv is a non-empty list of strings, e.g. ['make', 'test']")
+        result = self._runtime.agent_exec(
+            self.id,
+            f"{self.kind}/{self.name}",
+            [str(a) for a in argv],
+            dict(env or {}),
+            cwd,
+            _seconds(timeout, "timeout"),
+            guarantee,
+        )
+        return ExecResult(
+            exit_code=int(result["exit_code"]), stdout_tail=result["stdout_tail"], stderr_tail=result["stderr_tail"]
+        )
 
 
 class Attached(_Handle):
@@ -168,6 +241,15 @@ class Context:
             [c.id for c in children],
         )
         return Resource(self._runtime, record_id, kind, name)
+
+    def agent(self, name: str, *, labels: Mapping[str, str] | None = None) -> Agent:
+        """Declare an agent record (a machine this run will act on) and return its handle.
+
+        Install the agent with ``install_script()`` (cloud-init user-data) or ``install_env()``;
+        it dials out to Graphene, nothing listens on the machine.
+        """
+        record_id = self._runtime.agent(name, dict(labels or {}))
+        return Agent(self._runtime, record_id, "agent", name)
 
     def attach(self, record_id: str) -> Attached:
         """A read-only handle to an existing record (another run's, a stand's) by its id."""

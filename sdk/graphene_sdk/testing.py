@@ -190,6 +190,9 @@ def _delta(value: timedelta | None, days: float, hours: float, minutes: float, s
     return (value or timedelta()) + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
 
+ExecFn = Callable[[str, list[str]], tuple[int, str, str]]
+
+
 class World:
     """An in-memory Graphene: records, runs, stands and a virtual clock.
 
@@ -211,8 +214,17 @@ class World:
         self._runs: dict[str, RunResult[Any]] = {}
         self._kinds: dict[str, _KindBehaviour] = {}
         self._deletions: list[Record] = []
+        self._exec: ExecFn = lambda agent, argv: (0, "", "")
+        self.commands: list[tuple[str, list[str]]] = []
 
     # --- configuration -----------------------------------------------------------------------
+
+    def on_exec(self, handler: ExecFn) -> None:
+        """How agents answer ``agent.exec``: ``handler(agent_name, argv) -> (exit, stdout, stderr)``.
+
+        Every command is also recorded in ``world.commands`` as ``(agent_name, argv)``.
+        """
+        self._exec = handler
 
     def kind(
         self,
@@ -783,6 +795,34 @@ class _Runtime:
         record = self._world._records.get(record_id)
         if record is not None and record.alive:  # deleting is idempotent
             self._world._delete(record, "DeletedByRun")
+
+    def agent(self, name: str, labels: Mapping[str, str]) -> str:
+        self._check()
+        return self._world._declare(self._run, "agent", name, {}, labels, None, ())
+
+    def agent_install(self, record_id: str, form: Literal["env", "script"]) -> str:
+        self._check()
+        self._record(record_id, "agent", "install")
+        token = "GRAPHENE_AGENT_BOOTSTRAP_TOKEN=testing-kit-token"  # noqa: S105 - a fake, nothing connects
+        return f"{token}\n" if form == "env" else f"#!/bin/sh\n# testing kit: no agent is installed\n# {token}\n"
+
+    def agent_exec(
+        self,
+        record_id: str,
+        label: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float | None,
+        guarantee: Literal["at_least_once", "at_most_once"],
+    ) -> dict[str, Any]:
+        self._check()
+        record = self._record(record_id, label, "run a command on")
+        if not record.alive:
+            raise ResourceFailed(f"cannot run a command on {label}: it is deleted", record_id=record_id)
+        self._world.commands.append((record.name, list(argv)))
+        exit_code, stdout, stderr = self._world._exec(record.name, list(argv))
+        return {"exit_code": exit_code, "stdout_tail": stdout, "stderr_tail": stderr}
 
     def run_children(
         self, pipeline: Pipeline[Any, Any], inputs: Sequence[dict[str, Any]], concurrency: int

@@ -302,3 +302,33 @@ def adopt(ctx: Context, inputs: Empty) -> None:
     group = ctx.declare("test.sleep", "group", children=[first, second])
     group.ready()
     ctx.to_stand(group)
+
+
+class AgentInputs(BaseModel):
+    env_path: str
+
+
+class AgentOutput(BaseModel):
+    exit_code: int
+    stdout: str
+    stderr: str
+    greeting: str
+
+
+def _write_private(path: str, text: str) -> str:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    return path
+
+
+@pipeline("sample.agent", inputs=AgentInputs)
+def on_a_machine(ctx: Context, inputs: AgentInputs) -> AgentOutput:
+    """Declares an agent, hands its install config over, runs two commands on it."""
+    box = ctx.agent("box", labels={"role": "test"})
+    ctx.step("install", _write_private, inputs.env_path, box.install_env())
+    first = box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    second = box.exec(["sh", "-c", 'echo "$GREETING from $(pwd)"'], env={"GREETING": "hello"}, cwd="/tmp")
+    return AgentOutput(
+        exit_code=first.exit_code, stdout=first.stdout_tail, stderr=first.stderr_tail, greeting=second.stdout_tail
+    )

@@ -19,12 +19,14 @@ from tests.conftest import REPO
 
 def test_exported_names_are_pinned() -> None:
     assert sorted(graphene_sdk.__all__) == [
+        "Agent",
         "Attached",
         "ChildRunFailed",
         "Client",
         "ClientError",
         "ConcurrencyLimit",
         "Context",
+        "ExecResult",
         "GrapheneError",
         "Guarantee",
         "NonDeterminismError",
