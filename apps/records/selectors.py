@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection
 from django.db.models import Count, Q, QuerySet
 
 from apps.core.errors import NotFound, ValidationFailed
@@ -75,7 +76,11 @@ def record_list(
     if owner:
         qs = qs.filter(parent_id=owner)
     if labels:
-        qs = qs.filter(labels__contains=labels)
+        if connection.vendor == "postgresql":
+            qs = qs.filter(labels__contains=labels)  # jsonb @>
+        else:  # SQLite (embedded) has no JSON containment: one key lookup per label
+            for key, value in labels.items():
+                qs = qs.filter(**{f"labels__{key}": value})
     if name_prefix:
         qs = qs.filter(name__startswith=name_prefix)
     if created_after:

@@ -1,0 +1,671 @@
+"""Reads: ``get``, ``describe``, ``tree``, ``events``, ``logs`` (and the polling they share)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.text import Text
+from rich.tree import Tree
+
+from graphenectl import _inputs
+from graphenectl._errors import EXIT_FAILURE, EXIT_NOT_FOUND, CliError, UsageError
+from graphenectl._options import IntervalOpt, OutputOpt, Severity
+from graphenectl._output import (
+    Column,
+    Format,
+    TableWriter,
+    emit,
+    emit_change,
+    info,
+    out,
+    status_style,
+    to_yaml,
+    warn,
+    write,
+)
+from graphenectl._resources import (
+    EVENT_COLUMNS,
+    HOLDING_COLUMNS,
+    JOURNAL_COLUMNS,
+    RESOURCES,
+    Resource,
+    complete_resource,
+    resource,
+    split_ref,
+)
+from graphenectl._session import get_record, record_id, session
+from graphenectl._time import age, between, parse_time, short_time, ttl
+
+DEFAULT_LIMIT = 100
+T = TypeVar("T")
+
+
+# --- polling ---------------------------------------------------------------------------------
+
+
+def poll_forever(interval: float) -> Iterator[int]:
+    """Ticks until Ctrl-C (the caller catches KeyboardInterrupt); no deadline by design."""
+    n = 0
+    while True:
+        yield n
+        n += 1
+        time.sleep(interval)
+
+
+class Transient:
+    """While watching, an unreachable server is waited out (one warning per outage), not fatal."""
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def failed(self, exc: CliError) -> None:
+        if exc.exit_code != EXIT_FAILURE:
+            raise exc
+        if not self.failing:
+            warn(f"{exc.message} (retrying; Ctrl-C to stop)")
+        self.failing = True
+
+    def ok(self) -> None:
+        if self.failing:
+            info("reconnected")
+        self.failing = False
+
+    def run(self, fn: Callable[[], T]) -> T | None:
+        try:
+            value = fn()
+        except CliError as exc:
+            self.failed(exc)
+            return None
+        self.ok()
+        return value
+
+
+# --- get -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Listing:
+    resource: Resource
+    columns: list[Column]
+    name_of: Callable[[dict[str, Any]], str]
+    fetch: Callable[[], tuple[Any, list[dict[str, Any]]]]  # (what -o json prints, the rows)
+    key: str
+
+
+def _collect(
+    path: str, params: dict[str, Any], *, limit: int, keep: Callable[[dict[str, Any]], bool]
+) -> tuple[list[dict[str, Any]], bool]:
+    """Pages (newest first) until ``limit`` items pass ``keep``; whether more exist."""
+    client = session.client()
+    page = client.page(path, {**params, "limit": min(max(limit, 1), 1000)})
+    items: list[dict[str, Any]] = []
+    while True:
+        items.extend(i for i in page.items if keep(i))
+        if len(items) >= limit:
+            return items[:limit], len(items) > limit or page.next_url is not None
+        if not page.next_url:
+            return items, False
+        page = client.page(page.next_url)
+
+
+def _listing(
+    res: Resource,
+    ident: str | None,
+    *,
+    labels: list[str],
+    kind: str | None,
+    phases: list[str],
+    owner: str | None,
+    name_prefix: str | None,
+    pipeline: str | None,
+    statuses: list[str],
+    include_deleted: bool,
+    limit: int,
+    quiet: bool,
+) -> Listing:
+    client = session.client()
+    record_filters = bool(labels or kind or phases or owner or name_prefix or include_deleted)
+    if record_filters and (res.name != "record" or ident):
+        raise UsageError("-l/--label, --kind, --phase, --owner, --name-prefix and --include-deleted filter records")
+    if (pipeline or statuses) and (res.name != "run" or ident):
+        raise UsageError("--pipeline and --status filter runs")
+    for label in labels:
+        for part in label.split(","):
+            if part and "=" not in part:
+                raise UsageError(f"label selector {part!r} must look like key=value")
+
+    def single() -> tuple[Any, list[dict[str, Any]]]:
+        body = client.get(res.item_path(ident or ""))
+        return body, [body]
+
+    if ident and res.name == "stand":
+        stand_path = res.item_path(ident)
+
+        def holdings() -> tuple[Any, list[dict[str, Any]]]:
+            body = client.get(stand_path)
+            return body, list(body.get("holdings", []))
+
+        return Listing(res, HOLDING_COLUMNS, RESOURCES["record"].name_of, holdings, "id")
+    if ident:
+        kind_res, ident = split_ref(ident, default=res.name)
+        if kind_res is not res:
+            raise UsageError(f"{kind_res.name}/{ident} is not one of the {res.plural}")
+        return Listing(res, res.columns, res.name_of, single, res.key)
+
+    owner_id = record_id(owner) if owner else None
+
+    def many() -> tuple[Any, list[dict[str, Any]]]:
+        if not res.paginated:
+            body = client.get(f"{res.path}/")
+            return body, list(body)
+        params: dict[str, Any] = {}
+        keep: Callable[[dict[str, Any]], bool] = lambda _: True  # noqa: E731 - a default predicate
+        if res.name == "record":
+            params = {
+                "label": labels,
+                "kind": kind,
+                "phase": ",".join(p.strip() for ph in phases for p in ph.split(",") if p.strip()),
+                "owner": owner_id,
+                "name_prefix": name_prefix,
+            }
+            if not phases and not include_deleted:
+                # Tombstones stay in the API for history; like kubectl, a listing shows what exists.
+                keep = lambda r: r.get("phase") != "deleted"  # noqa: E731
+        elif res.name == "run":
+            params = {"pipeline": pipeline, "status": ",".join(s for st in statuses for s in st.split(",") if s)}
+        items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
+        if more and not quiet:
+            info(f"showing the newest {len(items)} {res.plural}; more exist (--limit N shows more)")
+        return items, items
+
+    return Listing(res, res.columns, res.name_of, many, res.key)
+
+
+def _watch(listing: Listing, fmt: Format, interval: float) -> None:
+    transient = Transient()
+    fingerprints: dict[Any, str] = {}
+    try:
+        if fmt in (Format.table, Format.wide) and out.is_terminal:
+            with Live(console=out, auto_refresh=False, transient=False) as live:
+                for _ in poll_forever(interval):
+                    got = transient.run(listing.fetch)
+                    if got is None:
+                        continue
+                    table = TableWriter(listing.columns, wide=fmt is Format.wide).render(got[1])
+                    stamp = Text(f"\nevery {interval:g}s · {time.strftime('%H:%M:%S')} · Ctrl-C to stop", "dim")
+                    live.update(Group(table, stamp), refresh=True)
+            return
+        writer = TableWriter(listing.columns, wide=fmt is Format.wide) if fmt in (Format.table, Format.wide) else None
+        for _ in poll_forever(interval):
+            got = transient.run(listing.fetch)
+            if got is None:
+                continue
+            for item in got[1]:
+                key = item.get(listing.key)
+                fingerprint = json.dumps(item, sort_keys=True, default=str)
+                if fingerprints.get(key) != fingerprint:
+                    fingerprints[key] = fingerprint
+                    emit_change(item, fmt, table=writer, name_of=listing.name_of)
+    except KeyboardInterrupt:
+        return
+
+
+def get(
+    resource_type: Annotated[
+        str,
+        typer.Argument(
+            metavar="TYPE",
+            help="records | runs | pipelines | stands | kinds | orphans",
+            autocompletion=complete_resource,
+            show_default=False,
+        ),
+    ],
+    ident: Annotated[
+        str | None,
+        typer.Argument(metavar="ID", help="one item: a record or run id, a pipeline/stand/kind name"),
+    ] = None,
+    label: Annotated[
+        list[str] | None, typer.Option("--label", "-l", help="records with label k=v (repeatable; all must match)")
+    ] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="records of this kind, e.g. file")] = None,
+    phase: Annotated[
+        list[str] | None, typer.Option("--phase", help="records in these phases (repeatable or a,b)")
+    ] = None,
+    owner: Annotated[
+        str | None, typer.Option("--owner", help="records owned directly by this one (id, run/<id>, stand/<name>)")
+    ] = None,
+    name_prefix: Annotated[str | None, typer.Option("--name-prefix", help="records whose name starts so")] = None,
+    include_deleted: Annotated[
+        bool, typer.Option("--include-deleted", help="also list deleted records (tombstones)")
+    ] = False,
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="runs of this pipeline")] = None,
+    status: Annotated[list[str] | None, typer.Option("--status", help="runs in these statuses (a,b)")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = DEFAULT_LIMIT,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling and show changes until Ctrl-C")] = False,
+    interval: IntervalOpt = 2.0,
+    output: OutputOpt = Format.table,
+) -> None:
+    """List records, runs, pipelines, stands, kinds or orphans, or show one by ID.
+
+    Examples:
+
+      graphenectl get records -l team=ci --phase ready
+
+      graphenectl get records --owner run/<id> -o wide
+
+      graphenectl get runs --pipeline hello --status failed -o json
+
+      graphenectl get stands hello          (what the stand of 'hello' holds)
+
+      graphenectl get records -w            (live; Ctrl-C stops)
+    """
+    res = resource(resource_type)
+    listing = _listing(
+        res,
+        ident,
+        labels=label or [],
+        kind=kind,
+        phases=phase or [],
+        owner=owner,
+        name_prefix=name_prefix,
+        pipeline=pipeline,
+        statuses=status or [],
+        include_deleted=include_deleted,
+        limit=limit,
+        quiet=watch,
+    )
+    if watch:
+        _watch(listing, output, interval)
+        return
+    data, rows = listing.fetch()
+    if output in (Format.table, Format.wide) and not rows:
+        info(f"no {res.plural} found" if not ident else "nothing held")
+        return
+    emit(data, output, columns=listing.columns, name_of=listing.name_of)
+
+
+# --- describe --------------------------------------------------------------------------------
+
+
+def _kv(rows: list[tuple[str, Any]]) -> None:
+    width = max(len(k) for k, _ in rows) + 2
+    for key, value in rows:
+        line = Text(f"{key}:".ljust(width), style="bold")
+        line.append_text(value if isinstance(value, Text) else Text("-" if value in (None, "") else str(value)))
+        out.print(line)
+
+
+def _block(title: str, data: Any) -> None:
+    if data in (None, {}, [], ""):
+        out.print(Text(f"{title}:", style="bold") + Text(" <none>", style="dim"))
+        return
+    out.print(Text(f"{title}:", style="bold"))
+    text = to_yaml(data) if isinstance(data, dict | list) else str(data)
+    for line in text.rstrip("\n").splitlines():
+        out.print(Text("  " + line))
+
+
+def _styled(value: str) -> Text:
+    return Text(value, style=status_style(value) or "")
+
+
+def _describe_record(record: dict[str, Any]) -> None:
+    chain = " > ".join(f"{o['kind']}/{o['name']}" for o in record.get("owner_chain", [])) or "-"
+    children = dict(record.get("children") or {})
+    total = children.pop("total", 0)
+    by_phase = ", ".join(f"{n} {p}" for p, n in children.items())
+    expires = record.get("expires_at")
+    _kv(
+        [
+            ("Name", record["name"]),
+            ("Kind", record["kind"]),
+            ("ID", record["id"]),
+            ("Namespace", record.get("namespace")),
+            ("Phase", _styled(record["phase"])),
+            ("Owner", record.get("owner")),
+            ("Owner chain", chain),
+            ("Children", f"{total} ({by_phase})" if total else "0"),
+            ("Labels", ", ".join(f"{k}={v}" for k, v in (record.get("labels") or {}).items()) or "-"),
+            ("TTL", f"{ttl(expires)} (expires {expires})" if expires else "none (lives until deleted)"),
+            ("Generation", f"{record.get('generation')} (observed {record.get('observed_generation')})"),
+            ("Attempts", record.get("attempts")),
+            ("Created by run", record.get("created_by_run")),
+            ("Created", f"{record.get('created_at')} ({age(record.get('created_at'))} ago)"),
+            ("Updated", record.get("updated_at")),
+            ("Deletion requested", record.get("deletion_requested_at")),
+            ("Deleted", record.get("deleted_at")),
+            ("Last error", record.get("last_error")),
+        ]
+    )
+    _block("Spec", record.get("spec"))
+    _block("Outputs", record.get("outputs"))
+    _block("Conditions", record.get("conditions"))
+    events, more = session.client().list(f"records/{record['id']}/events/", limit=5000)
+    shown = events[-10:]
+    out.print(Text(f"Events (last {len(shown)} of {len(events)}{'+' if more else ''}):", style="bold"))
+    if shown:
+        TableWriter(_EVENT_TABLE, wide=False).write(shown)
+    hint = f"graphenectl events {record['id']}"
+    info(f"more: {hint} · graphenectl logs {record['id']} · graphenectl tree {record['id']}")
+
+
+def waiting_on(run: dict[str, Any]) -> str:
+    value = run.get("waiting_on")
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value or "-")
+
+
+def _describe_run(run: dict[str, Any]) -> None:
+    _kv(
+        [
+            ("Pipeline", f"{run['pipeline']} #{run.get('number')}"),
+            ("ID", run["id"]),
+            ("Status", _styled(run["status"])),
+            ("Record", run.get("record")),
+            ("Attempt", run.get("attempt")),
+            ("Waiting on", waiting_on(run)),
+            ("Wakes at", run.get("wake_at")),
+            ("Deadline", run.get("deadline_at")),
+            ("Created", f"{run.get('created_at')} ({age(run.get('created_at'))} ago)"),
+            ("Started", run.get("started_at")),
+            ("Finished", run.get("finished_at")),
+            ("Duration", between(run.get("started_at"), run.get("finished_at"))),
+            ("Error", run.get("error")),
+        ]
+    )
+    _block("Inputs", run.get("inputs"))
+    _block("Outputs", run.get("outputs"))
+    journal = run.get("journal") or []
+    suffix = " (truncated)" if run.get("journal_truncated") else ""
+    out.print(Text(f"Journal ({len(journal)} entries{suffix}):", style="bold"))
+    if journal:
+        TableWriter(JOURNAL_COLUMNS, wide=False).write(journal)
+    info(
+        f"more: graphenectl tree run/{run['id']} · graphenectl logs run/{run['id']} · graphenectl run watch {run['id']}"
+    )
+
+
+def _fields_table(schema: dict[str, Any]) -> None:
+    fields = _inputs.fields(schema)
+    if not fields:
+        out.print(Text("  (no fields)", style="dim"))
+        return
+    TableWriter(INPUT_COLUMNS, wide=True).write([f.as_dict() for f in fields])
+
+
+INPUT_COLUMNS = [
+    Column("FIELD", lambda f: f["name"]),
+    Column("TYPE", lambda f: f["type"]),
+    Column("REQUIRED", lambda f: "yes" if f["required"] else "no"),
+    Column("DEFAULT", lambda f: "-" if f["required"] else json.dumps(f["default"])),
+    Column("CONSTRAINTS", lambda f: f["constraints"] or "-"),
+    Column("DESCRIPTION", lambda f: f["description"] or "-"),
+]
+_EVENT_TABLE = [
+    Column("TIME", lambda e: short_time(e.get("created_at"))),
+    *[c for c in EVENT_COLUMNS if c.header != "TIME"],
+]
+
+
+def _describe_pipeline(p: dict[str, Any]) -> None:
+    _kv(
+        [
+            ("Name", p["name"]),
+            ("Source", p.get("source")),
+            ("Concurrency", p.get("concurrency")),
+            ("Timeout", f"{p['timeout_seconds']}s" if p.get("timeout_seconds") else "none"),
+            ("Updated", p.get("updated_at")),
+        ]
+    )
+    _block("Description", p.get("description"))
+    out.print(Text("Inputs:", style="bold"))
+    _fields_table(p.get("input_schema") or {})
+    output_fields = ", ".join(f.name for f in _inputs.fields(p.get("output_schema") or {}))
+    _kv([("Outputs", output_fields or "-")])
+    info(f"start one: graphenectl run start {p['name']} --input NAME=VALUE ... [--watch]")
+
+
+def _describe_kind(k: dict[str, Any]) -> None:
+    _kv([("Name", k["name"]), ("Drift check", f"every {k.get('drift_interval_seconds')}s")])
+    _block("Description", k.get("description"))
+    out.print(Text("Spec:", style="bold"))
+    _fields_table(k.get("spec_schema") or {})
+
+
+def _describe_stand(s: dict[str, Any]) -> None:
+    _kv([("Pipeline", s["pipeline"]), ("ID", s["id"]), ("Holdings", len(s.get("holdings", [])))])
+    if s.get("holdings"):
+        TableWriter(HOLDING_COLUMNS, wide=True).write(s["holdings"])
+    info(f"extend a holding: graphenectl extend <id> --by 4h · its tree: graphenectl tree stand/{s['pipeline']}")
+
+
+_DESCRIBERS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "record": _describe_record,
+    "run": _describe_run,
+    "pipeline": _describe_pipeline,
+    "kind": _describe_kind,
+    "stand": _describe_stand,
+}
+
+
+def describe(
+    ref: Annotated[str, typer.Argument(metavar="TYPE/ID", help="record/<id>, run/<id>, pipeline/<name>, ...")],
+    ident: Annotated[str | None, typer.Argument(metavar="ID", help="when TYPE and ID are separate words")] = None,
+    output: OutputOpt = Format.table,
+) -> None:
+    """Show everything about one record, run, pipeline, kind or stand.
+
+    Examples: graphenectl describe record/<id> · graphenectl describe run/<id> ·
+    graphenectl describe pipeline/hello · graphenectl describe kind/file · graphenectl describe <record-id>
+    """
+    client = session.client()
+    res, key = (resource(ref), ident) if ident else split_ref(ref)
+    if res.name not in _DESCRIBERS:
+        raise UsageError(f"describe takes a record, run, pipeline, kind or stand, not {res.plural}")
+    if res.name == "record" and ident is None and "/" not in ref:
+        try:
+            body = client.get(res.item_path(key))
+        except CliError as exc:  # a bare id may be a run's: people copy run ids from `get runs`
+            if exc.exit_code != EXIT_NOT_FOUND:
+                raise
+            try:
+                res, body = RESOURCES["run"], client.get(f"runs/{key}/")
+            except CliError:
+                raise exc from None
+    else:
+        body = client.get(res.item_path(key))
+    if output in (Format.table, Format.wide):
+        _DESCRIBERS[res.name](body)
+    else:
+        emit(body, output, columns=res.columns, name_of=res.name_of)
+
+
+# --- tree ------------------------------------------------------------------------------------
+
+
+def _node_label(node: dict[str, Any]) -> Text:
+    label = Text()
+    label.append(f"{node['kind']}/", style="dim")
+    label.append(node["name"], style="bold")
+    label.append("  ")
+    label.append(node["phase"], style=status_style(node["phase"]) or "")
+    if node.get("expires_at"):
+        label.append(f"  ttl {ttl(node['expires_at'])}", style="yellow")
+    label.append(f"  {node['id']}", style="dim")
+    if node.get("truncated"):
+        label.append("  … (deeper: --depth)", style="dim")
+    return label
+
+
+def render_tree(root: dict[str, Any]) -> Tree:
+    tree = Tree(_node_label(root), guide_style="dim")
+
+    def add(branch: Tree, node: dict[str, Any]) -> None:
+        for child in node.get("children", []):
+            add(branch.add(_node_label(child)), child)
+
+    add(tree, root)
+    return tree
+
+
+def flatten(root: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [root]
+    for child in root.get("children", []):
+        nodes.extend(flatten(child))
+    return nodes
+
+
+def tree(
+    owner: Annotated[str, typer.Argument(metavar="OWNER", help="a record id, run/<id> or stand/<pipeline>")],
+    depth: Annotated[int, typer.Option("--depth", "-d", min=0, max=10, help="levels below OWNER")] = 3,
+    output: OutputOpt = Format.table,
+) -> None:
+    """Show the subtree OWNER owns, with phases and TTLs (deleting OWNER deletes all of it)."""
+    record = get_record(owner)
+    body = session.client().get(f"records/{record['id']}/tree/", {"depth": depth})
+    if output is Format.name:
+        for node in flatten(body):
+            write(f"record/{node['id']}")
+    elif output in (Format.json, Format.yaml):
+        emit(body, output, columns=[], name_of=lambda n: n["id"])
+    else:
+        out.print(render_tree(body))
+
+
+# --- events and logs -------------------------------------------------------------------------
+
+
+def _stream(
+    path: str,
+    params: dict[str, Any],
+    *,
+    follow: bool,
+    interval: float,
+    output: Format,
+    limit: int | None,
+    print_item: Callable[[dict[str, Any]], None],
+    name_of: Callable[[dict[str, Any]], str],
+) -> None:
+    client = session.client()
+    if not follow:
+        items, more = client.list(path, params, limit=limit)
+        if output in (Format.json, Format.yaml, Format.name):
+            emit(items, output, columns=[], name_of=name_of)
+        else:
+            for item in items:
+                print_item(item)
+        if more:
+            info(f"showing the first {len(items)}; more exist (--limit N)")
+        return
+    transient = Transient()
+    cursor = client.cursor(path, params)
+    try:
+        while True:
+            got = transient.run(cursor.poll)
+            items, more = got if got is not None else ([], False)
+            for item in items:
+                if output in (Format.json, Format.yaml, Format.name):
+                    emit_change(item, output, table=None, name_of=name_of)
+                else:
+                    print_item(item)
+            if not more:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+def events(
+    ref: Annotated[str, typer.Argument(metavar="ID", help="a record id, run/<id> or stand/<pipeline>")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new events until Ctrl-C")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most this many (oldest first)")] = None,
+    interval: IntervalOpt = 1.0,
+    output: OutputOpt = Format.table,
+) -> None:
+    """The record's history: phase changes, errors, transfers, TTL changes, with the actor.
+
+    Oldest first. With -f, new events are printed as they happen (one JSON object per line with -o json).
+    """
+    record = get_record(ref)
+    wide = output is Format.wide
+    writer = TableWriter(_EVENT_TABLE, wide=wide)
+    _stream(
+        f"records/{record['id']}/events/",
+        {},
+        follow=follow,
+        interval=interval,
+        output=output,
+        limit=limit,
+        print_item=lambda e: writer.write([e]),
+        name_of=lambda e: f"event/{e['id']}",
+    )
+
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "", "debug": "dim"}
+
+
+def log_line(item: dict[str, Any], *, wide: bool) -> Text:
+    severity = str(item.get("severity", "info"))
+    line = Text()
+    line.append(short_time(item.get("at")), style="dim")
+    line.append(" ")
+    line.append(f"{severity.upper():<7}", style=_SEVERITY_STYLE.get(severity, ""))
+    line.append(f" [{item.get('record_name') or item.get('record')}]", style="cyan")
+    if wide:
+        line.append(f" {item.get('source') or '-'}/{item.get('stream')} {item.get('record')}", style="dim")
+    line.append(" ")
+    line.append(str(item.get("message", "")))
+    return line
+
+
+def logs(
+    ref: Annotated[
+        str, typer.Argument(metavar="ID", help="a record id or run/<id> (a run's log includes its records')")
+    ],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines until Ctrl-C")] = False,
+    since: Annotated[str | None, typer.Option("--since", help="from this long ago (10m, 2h) or an ISO time")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="up to this long ago or ISO time")] = None,
+    grep: Annotated[str | None, typer.Option("--grep", help="only lines containing this text (any case)")] = None,
+    severity: Annotated[
+        Severity | None, typer.Option("--severity", case_sensitive=False, help="at least this severity")
+    ] = None,
+    no_descendants: Annotated[
+        bool, typer.Option("--no-descendants", help="only the record's own lines, not its subtree's")
+    ] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most this many (oldest first)")] = None,
+    interval: IntervalOpt = 1.0,
+    output: OutputOpt = Format.table,
+) -> None:
+    """Log lines of a record (and by default of everything it owns), oldest first.
+
+    Examples: graphenectl logs run/<id> -f · graphenectl logs <id> --since 10m --grep timeout --severity warning
+    """
+    params: dict[str, Any] = {
+        "grep": grep,
+        "severity": severity.value if severity else None,
+        "since": parse_time(since, option="--since") if since else None,
+        "until": parse_time(until, option="--until") if until else None,
+        "descendants": "false" if no_descendants else None,
+    }
+    record = get_record(ref)
+    wide = output is Format.wide
+    _stream(
+        f"records/{record['id']}/logs/",
+        params,
+        follow=follow,
+        interval=interval,
+        output=output,
+        limit=limit,
+        print_item=lambda item: out.print(log_line(item, wide=wide)),
+        name_of=lambda item: f"logline/{item['id']}",
+    )
+
+
+__all__ = ["describe", "events", "get", "logs", "tree"]

@@ -1,0 +1,402 @@
+"""The run lifecycle: ``run start|inputs|watch|result|cancel|resume|list``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.text import Text
+
+from graphenectl import _inputs
+from graphenectl._cmd_read import INPUT_COLUMNS, Transient, flatten, get, render_tree, waiting_on
+from graphenectl._cmd_write import read_document
+from graphenectl._errors import EXIT_INTERRUPTED, EXIT_RUN_FAILED, CliError, UsageError
+from graphenectl._options import IntervalOpt, OutputOpt
+from graphenectl._output import Format, emit, err, info, note, status_style, to_json, to_yaml, write
+from graphenectl._resources import RESOURCES, RUN_COLUMNS, split_ref
+from graphenectl._session import session
+from graphenectl._time import between
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+RUN = RESOURCES["run"]
+
+run_app = typer.Typer(
+    name="run",
+    help="Start, watch, inspect, cancel and resume pipeline runs.",
+    no_args_is_help=True,
+)
+
+
+def complete_pipeline(incomplete: str) -> list[str]:
+    """Pipeline names from the server, for shell completion; nothing if it cannot be asked quickly."""
+    try:
+        session.timeout = 2.0
+        return [p["name"] for p in session.client().get("pipelines/") if p["name"].startswith(incomplete)]
+    except Exception:  # completion must never print a traceback into the shell
+        return []
+
+
+def run_id(ref: str) -> str:
+    kind, ident = split_ref(ref, default="run")
+    if kind is not RUN:
+        raise UsageError(f"{ref!r} is not a run; pass a run id or run/<id>")
+    return ident
+
+
+def _title(run: dict[str, Any]) -> str:
+    return f"{run['pipeline']} #{run.get('number')}"
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def _print_fields(pipeline: dict[str, Any], output: Format) -> None:
+    schema = pipeline.get("input_schema") or {}
+    fields = [f.as_dict() for f in _inputs.fields(schema)]
+    if output is Format.json:
+        write(to_json(schema))
+    elif output is Format.yaml:
+        write(to_yaml(schema))
+    elif output is Format.name:
+        for f in fields:
+            write(f["name"])
+    elif not fields:
+        info(f"pipeline {pipeline['name']!r} takes no inputs")
+    else:
+        emit(fields, output, columns=INPUT_COLUMNS, name_of=lambda f: f["name"])
+        info(f"set them with: graphenectl run start {pipeline['name']} --input NAME=VALUE ...")
+
+
+def inputs_cmd(
+    pipeline: Annotated[str, typer.Argument(help="the pipeline", autocompletion=complete_pipeline)],
+    output: OutputOpt = Format.table,
+) -> None:
+    """List a pipeline's inputs: types, defaults, constraints and descriptions (-o json: its JSON Schema)."""
+    _print_fields(session.client().get(f"pipelines/{pipeline}/"), output)
+
+
+def check_inputs(pipeline: dict[str, Any], base: Any, pairs: list[str]) -> dict[str, Any]:
+    """Coerce and validate against the pipeline's schema; every problem at once, nothing sent."""
+    schema = pipeline.get("input_schema") or {}
+    if not isinstance(base, dict):
+        raise UsageError("--inputs must hold a JSON/YAML object of input names to values")
+    inputs, errors = _inputs.build(schema, base, pairs)
+    for path, messages in _inputs.validate(schema, inputs).items():
+        if path not in errors:
+            errors[path] = messages
+    if errors:
+        raise UsageError(
+            f"inputs for pipeline {pipeline['name']!r} do not match its schema; nothing was started",
+            fields=errors,
+            hint=f"graphenectl run inputs {pipeline['name']}",
+        )
+    return inputs
+
+
+# --- watching --------------------------------------------------------------------------------
+
+
+@dataclass
+class RunView:
+    """What one poll saw: the run, its record tree, and what changed since the previous poll."""
+
+    run: dict[str, Any]
+    tree: dict[str, Any] | None
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return flatten(self.tree)[1:] if self.tree else []
+
+    def progress(self) -> str:
+        records = self.records
+        ready = sum(1 for r in records if r["phase"] == "ready")
+        line = f"{ready}/{len(records)} ready"
+        others: dict[str, int] = {}
+        for r in records:
+            if r["phase"] != "ready":
+                others[r["phase"]] = others.get(r["phase"], 0) + 1
+        if others:
+            line += " · " + ", ".join(f"{n} {p}" for p, n in sorted(others.items()))
+        return line
+
+    def last_call(self) -> str:
+        journal = self.run.get("journal") or []
+        if not journal:
+            return "-"
+        entry = journal[-1]
+        return f"{entry['call']} ({entry['status']})"
+
+
+def _poll(run_ref: str) -> RunView:
+    client = session.client()
+    run = client.get(f"runs/{run_ref}/")
+    tree = client.get(f"records/{run['record']}/tree/", {"depth": 10}) if run.get("record") else None
+    return RunView(run=run, tree=tree)
+
+
+def _header(view: RunView) -> Text:
+    run = view.run
+    line = Text()
+    line.append(f"run {_title(run)}", style="bold")
+    line.append(f"  {run['id']}  ", style="dim")
+    line.append(run["status"], style=status_style(run["status"]) or "")
+    line.append(f"  {between(run.get('started_at'), run.get('finished_at'))}")
+    if run.get("waiting_on"):
+        line.append(f"  waiting on {waiting_on(run)}", style="dim")
+    line.append(f"\nlast call: {view.last_call()}", style="dim")
+    return line
+
+
+def _live_view(view: RunView) -> Group:
+    parts: list[Any] = [_header(view)]
+    if view.tree:
+        parts.append(render_tree(view.tree))
+    parts.append(Text(view.progress(), style="bold"))
+    return Group(*parts)
+
+
+class ChangePrinter:
+    """Line-by-line progress for a non-terminal stderr (CI logs): only what changed."""
+
+    def __init__(self) -> None:
+        self.status = ""
+        self.phases: dict[str, str] = {}
+        self.calls = 0
+        self.progress = ""
+
+    def show(self, view: RunView) -> None:
+        run = view.run
+        if run["status"] != self.status:
+            err.print(Text(f"run {_title(run)}: {self.status + ' → ' if self.status else ''}{run['status']}"))
+            self.status = run["status"]
+        journal = run.get("journal") or []
+        for entry in journal[self.calls :]:
+            err.print(Text(f"  call {entry['seq']} {entry['call']}: {entry['status']}", style="dim"))
+        self.calls = max(self.calls, len(journal))
+        for node in view.records:
+            before = self.phases.get(node["id"])
+            if before != node["phase"]:
+                arrow = f"{before} → " if before else ""
+                err.print(Text(f"  {node['kind']}/{node['name']}: {arrow}{node['phase']}"))
+                self.phases[node["id"]] = node["phase"]
+        progress = view.progress()
+        if view.records and progress != self.progress:
+            err.print(Text(f"  {progress}", style="bold"))
+            self.progress = progress
+
+
+def watch_run(ident: str, *, interval: float) -> dict[str, Any]:
+    """Poll the run and show its tree until it ends; returns the final run."""
+    transient = Transient()
+    view: RunView | None = None
+    try:
+        if err.is_terminal:
+            with Live(console=err, auto_refresh=False, transient=False) as live:
+                while True:
+                    got = transient.run(lambda: _poll(ident))
+                    if got is not None:
+                        view = got
+                        live.update(_live_view(view), refresh=True)
+                        if view.run["status"] in TERMINAL:
+                            break
+                    time.sleep(interval)
+        else:
+            printer = ChangePrinter()
+            while True:
+                got = transient.run(lambda: _poll(ident))
+                if got is not None:
+                    view = got
+                    printer.show(view)
+                    if view.run["status"] in TERMINAL:
+                        break
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        raise CliError(
+            f"stopped watching; the run goes on (graphenectl run watch {ident})", exit_code=EXIT_INTERRUPTED
+        ) from None
+    assert view is not None
+    return view.run
+
+
+def finish(run: dict[str, Any], output: Format | None) -> None:
+    """Report how the run ended; exit 4 unless it succeeded."""
+    if output is not None:
+        emit(run, output, columns=RUN_COLUMNS, name_of=RUN.name_of)
+    took = between(run.get("started_at"), run.get("finished_at"))
+    if run["status"] == "succeeded":
+        note(f"run {_title(run)} succeeded in {took}; its result: graphenectl run result {run['id']}")
+        return
+    raise CliError(
+        f"run {_title(run)} {run['status']}: {run.get('error') or 'no error message'}",
+        exit_code=EXIT_RUN_FAILED,
+        hint=f"graphenectl logs run/{run['id']} · graphenectl describe run/{run['id']}",
+    )
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+@run_app.command("start")
+def start(
+    pipeline: Annotated[str, typer.Argument(help="the pipeline to run", autocompletion=complete_pipeline)],
+    input_: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="NAME=VALUE, coerced by the input's type (repeatable; a.b=v nests)"),
+    ] = None,
+    inputs_file: Annotated[
+        str | None, typer.Option("--inputs", help="a JSON/YAML file of inputs, or - for stdin (--input wins)")
+    ] = None,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="watch it until it ends; exit 4 unless it succeeds")
+    ] = False,
+    help_inputs: Annotated[
+        bool, typer.Option("--help-inputs", help="list the pipeline's inputs instead of starting it")
+    ] = False,
+    interval: IntervalOpt = 1.0,
+    output: Annotated[
+        Format | None,
+        typer.Option("--output", "-o", case_sensitive=False, help="print the run: table|wide|json|yaml|name"),
+    ] = None,
+) -> None:
+    """Start a run; inputs are checked against the pipeline's schema before anything is sent.
+
+    Examples:
+
+      graphenectl run start hello --input name=Ada --watch
+
+      graphenectl run start environment -i replicas=3 -i branch=feature/x
+
+      graphenectl run start release --inputs inputs.yaml -o json
+
+      graphenectl run start hello --help-inputs
+    """
+    client = session.client()
+    definition = client.get(f"pipelines/{pipeline}/")
+    if help_inputs:
+        _print_fields(definition, output or Format.table)
+        return
+    base = read_document(inputs_file, option="--inputs") if inputs_file else {}
+    inputs = check_inputs(definition, {} if base is None else base, input_ or [])
+    run = client.post(f"pipelines/{pipeline}/runs/", {"inputs": inputs})
+    note(f"started run {_title(run)} ({run['status']}): run/{run['id']}")
+    if not watch:
+        info(f"watch it: graphenectl run watch {run['id']}")
+        emit(run, output or Format.name, columns=RUN_COLUMNS, name_of=RUN.name_of)
+        return
+    finish(watch_run(run["id"], interval=interval), output)
+
+
+@run_app.command("watch")
+def watch(
+    ref: Annotated[str, typer.Argument(metavar="RUN", help="a run id or run/<id>")],
+    interval: IntervalOpt = 1.0,
+    output: Annotated[
+        Format | None,
+        typer.Option("--output", "-o", case_sensitive=False, help="also print the final run: table|json|yaml|name"),
+    ] = None,
+) -> None:
+    """A live view of the run's record tree and progress (n/m ready) until it ends.
+
+    Exits 0 if the run succeeded, 4 if it failed, was cancelled or timed out. Ctrl-C stops
+    watching (exit 130); the run goes on.
+    """
+    finish(watch_run(run_id(ref), interval=interval), output)
+
+
+@run_app.command("result")
+def result(
+    ref: Annotated[str, typer.Argument(metavar="RUN", help="a run id or run/<id>")],
+    wait: Annotated[bool, typer.Option("--wait", help="wait for the run to end first")] = False,
+    interval: IntervalOpt = 1.0,
+    output: Annotated[
+        Format, typer.Option("--output", "-o", case_sensitive=False, help="json | yaml | table | name")
+    ] = Format.json,
+) -> None:
+    """Print what a succeeded run returned. Exit 4 if it failed, 1 if it has not ended (see --wait)."""
+    client = session.client()
+    ident = run_id(ref)
+    run = client.get(f"runs/{ident}/")
+    while wait and run["status"] not in TERMINAL:
+        time.sleep(interval)
+        run = client.get(f"runs/{ident}/")
+    if run["status"] not in TERMINAL:
+        raise CliError(
+            f"run {_title(run)} has not ended (it is {run['status']})",
+            hint=f"graphenectl run result {ident} --wait · graphenectl run watch {ident}",
+        )
+    if run["status"] != "succeeded":
+        finish(run, None)
+    outputs = run.get("outputs")
+    if output is Format.name:
+        write(RUN.name_of(run))
+    elif output is Format.yaml:
+        write(to_yaml(outputs))
+    elif output in (Format.table, Format.wide) and isinstance(outputs, dict):
+        for key, value in outputs.items():
+            write(f"{key}: {value if isinstance(value, str) else to_json(value, compact=True)}")
+    else:
+        write(to_json(outputs))
+
+
+@run_app.command("cancel")
+def cancel(
+    ref: Annotated[str, typer.Argument(metavar="RUN", help="a run id or run/<id>")],
+    output: OutputOpt = Format.name,
+) -> None:
+    """Cancel a run: it ends now, and everything it owns is deleted, children first."""
+    run = session.client().post(f"runs/{run_id(ref)}/cancel/")
+    note(f"run {_title(run)} is {run['status']}; its records are being deleted")
+    emit(run, output, columns=RUN_COLUMNS, name_of=RUN.name_of)
+
+
+@run_app.command("resume")
+def resume(
+    ref: Annotated[str, typer.Argument(metavar="RUN", help="a run id or run/<id>")],
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="watch it until it ends")] = False,
+    interval: IntervalOpt = 1.0,
+    output: OutputOpt = Format.name,
+) -> None:
+    """Run it again by replay: journaled calls return their recorded results; nothing is redone."""
+    run = session.client().post(f"runs/{run_id(ref)}/resume/")
+    note(f"run {_title(run)} resumed ({run['status']})")
+    if watch:
+        finish(watch_run(run["id"], interval=interval), output)
+        return
+    emit(run, output, columns=RUN_COLUMNS, name_of=RUN.name_of)
+
+
+@run_app.command("list")
+def list_runs(
+    pipeline: Annotated[str | None, typer.Option("--pipeline", "-p", help="runs of this pipeline")] = None,
+    status: Annotated[list[str] | None, typer.Option("--status", help="runs in these statuses (a,b)")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = 100,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling until Ctrl-C")] = False,
+    interval: IntervalOpt = 2.0,
+    output: OutputOpt = Format.table,
+) -> None:
+    """Runs, newest first (the same as `graphenectl get runs`)."""
+    get(
+        "runs",
+        None,
+        label=None,
+        kind=None,
+        phase=None,
+        owner=None,
+        name_prefix=None,
+        include_deleted=False,
+        pipeline=pipeline,
+        status=status,
+        limit=limit,
+        watch=watch,
+        interval=interval,
+        output=output,
+    )
+
+
+run_app.command("inputs")(inputs_cmd)
+
+__all__ = ["run_app"]

@@ -1,0 +1,286 @@
+"""Run inputs checked against the pipeline's input JSON Schema before anything is sent.
+
+``--input k=v`` strings are coerced by the schema's type for ``k`` (``replicas=3`` → 3,
+``flag=true`` → true, ``tags=a,b`` or ``tags=["a","b"]`` → a list; ``db.host=x`` sets a
+nested field), then
+the whole object is validated; every problem is reported at once, by field path. Unknown
+fields are refused unless the schema allows extra properties: the server would drop them
+silently, and a misspelt input should not run with its default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+Schema = dict[str, Any]
+
+_TRUE = {"true", "yes", "y", "on", "1"}
+_FALSE = {"false", "no", "n", "off", "0"}
+
+
+def resolve(schema: Schema, root: Schema) -> Schema:
+    """Follow ``$ref`` (pydantic puts nested models under ``$defs``); merge a lone ``allOf``."""
+    seen = 0
+    while isinstance(schema, dict) and "$ref" in schema and seen < 20:
+        ref = str(schema["$ref"])
+        target: Any = root
+        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else []:
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        schema = {**target, **rest} if isinstance(target, dict) else rest
+        seen += 1
+    if isinstance(schema, dict) and isinstance(schema.get("allOf"), list) and len(schema["allOf"]) == 1:
+        rest = {k: v for k, v in schema.items() if k != "allOf"}
+        schema = {**resolve(schema["allOf"][0], root), **rest}
+    return schema if isinstance(schema, dict) else {}
+
+
+def _options(schema: Schema, root: Schema) -> list[Schema]:
+    schema = resolve(schema, root)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            return [o for alt in schema[key] for o in _options(alt, root)]
+    return [schema]
+
+
+def type_names(schema: Schema, root: Schema) -> list[str]:
+    names: list[str] = []
+    for option in _options(schema, root):
+        if "enum" in option or "const" in option:
+            names.append("enum")
+            continue
+        kind = option.get("type")
+        for k in kind if isinstance(kind, list) else [kind] if kind else ["any"]:
+            if k == "array":
+                items = option.get("items")
+                inner = "|".join(type_names(items, root)) if isinstance(items, dict) else "any"
+                k = f"array[{inner}]"
+            if k not in names:
+                names.append(str(k))
+    return names
+
+
+def describe_type(schema: Schema, root: Schema) -> str:
+    parts = []
+    for option in _options(schema, root):
+        if "enum" in option:
+            parts.append("one of " + ", ".join(json.dumps(v) for v in option["enum"]))
+        elif "const" in option:
+            parts.append(json.dumps(option["const"]))
+        else:
+            parts.extend(type_names(option, root))
+    out: list[str] = []
+    for p in parts:
+        if p not in out:
+            out.append(p)
+    return " | ".join(out) or "any"
+
+
+def constraints(schema: Schema, root: Schema) -> str:
+    s = resolve(schema, root)
+    bits = []
+    lo = s.get("minimum", s.get("exclusiveMinimum"))
+    hi = s.get("maximum", s.get("exclusiveMaximum"))
+    if lo is not None or hi is not None:
+        left = "" if lo is None else f"{lo} {'<' if 'exclusiveMinimum' in s else '≤'} "
+        right = "" if hi is None else f" {'<' if 'exclusiveMaximum' in s else '≤'} {hi}"
+        bits.append(f"{left}x{right}")
+    if "minLength" in s or "maxLength" in s:
+        bits.append(f"length {s.get('minLength', 0)}..{s.get('maxLength', '')}")
+    if "minItems" in s or "maxItems" in s:
+        bits.append(f"items {s.get('minItems', 0)}..{s.get('maxItems', '')}")
+    if "pattern" in s:
+        bits.append(f"pattern {s['pattern']}")
+    if "format" in s:
+        bits.append(f"format {s['format']}")
+    return ", ".join(bits)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: str
+    required: bool
+    default: Any
+    has_default: bool
+    description: str
+    constraints: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "required": self.required,
+            "default": self.default if self.has_default else None,
+            "description": self.description,
+            "constraints": self.constraints,
+        }
+
+
+def fields(schema: Schema) -> list[Field]:
+    """The top-level input fields with types, defaults and descriptions (nested ones as ``a.b``)."""
+    out: list[Field] = []
+
+    def walk(obj: Schema, prefix: str, required_parent: bool) -> None:
+        obj = resolve(obj, schema)
+        required = set(obj.get("required") or [])
+        for name, prop in (obj.get("properties") or {}).items():
+            p = resolve(prop, schema)
+            path = f"{prefix}{name}"
+            is_required = required_parent and name in required
+            if p.get("type") == "object" and p.get("properties") and "default" not in p:
+                walk(p, f"{path}.", is_required)
+                continue
+            out.append(
+                Field(
+                    name=path,
+                    type=describe_type(prop, schema),
+                    required=is_required,
+                    default=p.get("default"),
+                    has_default="default" in p,
+                    description=str(p.get("description") or ""),
+                    constraints=constraints(prop, schema),
+                )
+            )
+
+    walk(schema, "", True)
+    return out
+
+
+def _coerce(raw: str, schema: Schema, root: Schema) -> Any:
+    """The JSON value for ``raw`` that the field's schema accepts; raises ValueError with a reason."""
+    options = _options(schema, root)
+    kinds: list[str] = []
+    choices: list[Any] = []
+    for option in options:
+        if "enum" in option or "const" in option:
+            for value in option.get("enum", [option.get("const")]):
+                if raw == (value if isinstance(value, str) else json.dumps(value)):
+                    return value
+                choices.append(value)
+            continue
+        kind = option.get("type")
+        kinds.extend(kind if isinstance(kind, list) else [kind] if kind else ["any"])
+    if raw == "null" and "null" in kinds:
+        return None
+    if "boolean" in kinds and raw.lower() in _TRUE | _FALSE:
+        return raw.lower() in _TRUE
+    if "integer" in kinds:
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+    if "number" in kinds:
+        try:
+            number = float(raw)
+        except ValueError:
+            pass
+        else:
+            return int(number) if number.is_integer() and "." not in raw and "e" not in raw.lower() else number
+    if {"array", "object"} & set(kinds):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = None
+        if (isinstance(value, list) and "array" in kinds) or (isinstance(value, dict) and "object" in kinds):
+            return value
+        if "array" in kinds and not raw.lstrip().startswith("["):
+            # a,b,c for a list of scalars: each item coerced by the items' schema
+            array = next(o for o in options if o.get("type") == "array")
+            items = array.get("items")
+            items = items if isinstance(items, dict) else {}
+            return [_coerce(part.strip(), items, root) for part in raw.split(",")] if raw else []
+    if "string" in kinds or "any" in kinds:
+        if "any" in kinds:
+            try:
+                return json.loads(raw)
+            except ValueError:
+                return raw
+        return raw
+    wanted = list(dict.fromkeys(kinds))
+    if choices:
+        wanted.append("one of " + ", ".join(c if isinstance(c, str) else json.dumps(c) for c in choices))
+    text = " or ".join(wanted)
+    if "object" in kinds:
+        text += ' (as JSON, e.g. \'{"k": "v"}\')'
+    article = "" if text.startswith("one of") else "an " if text[0] in "aeiou" else "a "
+    raise ValueError(f"{raw!r} is not {article}{text}")
+
+
+def _allows_extra(obj: Schema) -> bool:
+    extra = obj.get("additionalProperties")
+    return extra is True or isinstance(extra, dict)
+
+
+def build(schema: Schema, base: dict[str, Any], pairs: list[str]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Merge ``k=v`` pairs into ``base`` (from ``--inputs``), coercing by the schema."""
+    inputs = json.loads(json.dumps(base))  # a deep copy
+    errors: dict[str, list[str]] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            errors.setdefault(pair, []).append("write inputs as name=value")
+            continue
+        node: Schema = resolve(schema, schema)
+        target = inputs
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            props = node.get("properties") or {}
+            if part not in props and not _allows_extra(node):
+                known = ", ".join(props) or "none"
+                errors.setdefault(key, []).append(f"unknown input (known here: {known})")
+                break
+            field_schema = props.get(part, node.get("additionalProperties") if _allows_extra(node) else {})
+            field_schema = field_schema if isinstance(field_schema, dict) else {}
+            if depth == len(parts) - 1:
+                try:
+                    target[part] = _coerce(raw, field_schema, schema)
+                except ValueError as exc:
+                    errors.setdefault(key, []).append(str(exc))
+            else:
+                child = target.get(part)
+                if not isinstance(child, dict):
+                    child = target[part] = {}
+                target = child
+                node = resolve(field_schema, schema)
+    return inputs, errors
+
+
+def validate(schema: Schema, inputs: Any) -> dict[str, list[str]]:
+    """Every problem with ``inputs``, by field path (``(inputs)`` for the object itself)."""
+    # Imported here: jsonschema is the slowest import of all, and only `run start` needs it.
+    from jsonschema import Draft202012Validator
+
+    errors: dict[str, list[str]] = {}
+    if not isinstance(inputs, dict):
+        return {"(inputs)": ["must be a JSON object"]}
+    validator = Draft202012Validator(schema)
+    for error in sorted(validator.iter_errors(inputs), key=lambda e: [str(p) for p in e.absolute_path]):
+        path = ".".join(str(p) for p in error.absolute_path)
+        if error.validator == "required" and isinstance(error.instance, dict):
+            for name in error.validator_value:
+                if name not in error.instance:
+                    where = f"{path}.{name}" if path else str(name)
+                    errors.setdefault(where, []).append("required (it has no default)")
+            continue
+        errors.setdefault(path or "(inputs)", []).append(error.message)
+    _unknown(schema, schema, inputs, "", errors)
+    return errors
+
+
+def _unknown(root: Schema, node: Schema, value: Any, prefix: str, errors: dict[str, list[str]]) -> None:
+    node = resolve(node, root)
+    if not isinstance(value, dict) or node.get("type") not in (None, "object") or _allows_extra(node):
+        return
+    props = node.get("properties")
+    if props is None:
+        return
+    for key, item in value.items():
+        path = f"{prefix}{key}"
+        if key not in props:
+            errors.setdefault(path, []).append(f"unknown input (known here: {', '.join(props) or 'none'})")
+        else:
+            _unknown(root, props[key], item, f"{path}.", errors)

@@ -1,0 +1,170 @@
+"""The nouns graphenectl reads: their REST paths, table columns and ``-o name`` form.
+
+References on the command line are ``TYPE/ID`` (``record/<uuid>``, ``run/<uuid>``,
+``pipeline/hello``, ``stand/hello``, ``kind/file``) or a bare id, which means a record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from graphenectl._errors import UsageError
+from graphenectl._output import Column
+from graphenectl._time import age, between, ttl
+
+
+def _labels(item: dict[str, Any]) -> str:
+    labels = item.get("labels") or {}
+    return ",".join(f"{k}={v}" for k, v in labels.items()) or "-"
+
+
+def _first_line(text: Any, limit: int = 80) -> str:
+    line = str(text or "").strip().splitlines()[0] if str(text or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _input_names(item: dict[str, Any]) -> str:
+    props = (item.get("input_schema") or {}).get("properties") or {}
+    return ",".join(props) or "-"
+
+
+RECORD_COLUMNS = [
+    Column("ID", lambda r: r["id"]),
+    Column("KIND", lambda r: r["kind"]),
+    Column("NAME", lambda r: r["name"]),
+    Column("PHASE", lambda r: r["phase"], styled=True),
+    Column("OWNER", lambda r: r.get("owner")),
+    Column("TTL", lambda r: ttl(r.get("expires_at"))),
+    Column("AGE", lambda r: age(r.get("created_at"))),
+    Column("NAMESPACE", lambda r: r.get("namespace"), wide=True),
+    Column("GEN", lambda r: f"{r.get('observed_generation')}/{r.get('generation')}", wide=True),
+    Column("LABELS", _labels, wide=True),
+    Column("ERROR", lambda r: _first_line(r.get("last_error")), wide=True),
+]
+
+RUN_COLUMNS = [
+    Column("ID", lambda r: r["id"]),
+    Column("PIPELINE", lambda r: r["pipeline"]),
+    Column("#", lambda r: r.get("number")),
+    Column("STATUS", lambda r: r["status"], styled=True),
+    Column("DURATION", lambda r: between(r.get("started_at"), r.get("finished_at"))),
+    Column("AGE", lambda r: age(r.get("created_at"))),
+    Column("WAITING ON", lambda r: ",".join(map(str, r.get("waiting_on") or [])) or "-", wide=True),
+    Column("RECORD", lambda r: r.get("record"), wide=True),
+    Column("ATTEMPT", lambda r: r.get("attempt"), wide=True),
+    Column("ERROR", lambda r: _first_line(r.get("error")), wide=True),
+]
+
+PIPELINE_COLUMNS = [
+    Column("NAME", lambda p: p["name"]),
+    Column("CONCURRENCY", lambda p: p.get("concurrency")),
+    Column("TIMEOUT", lambda p: f"{p['timeout_seconds']}s" if p.get("timeout_seconds") else "-"),
+    Column("INPUTS", _input_names),
+    Column("DESCRIPTION", lambda p: _first_line(p.get("description"), 60)),
+    Column("SOURCE", lambda p: p.get("source"), wide=True),
+]
+
+STAND_COLUMNS = [
+    Column("PIPELINE", lambda s: s["pipeline"]),
+    Column("ID", lambda s: s["id"]),
+    Column("HOLDINGS", lambda s: s.get("holdings")),
+    Column("RECORDS", lambda s: s.get("records")),
+]
+
+HOLDING_COLUMNS = [
+    Column("ID", lambda r: r["id"]),
+    Column("KIND", lambda r: r["kind"]),
+    Column("NAME", lambda r: r["name"]),
+    Column("PHASE", lambda r: r["phase"], styled=True),
+    Column("TTL", lambda r: ttl(r.get("expires_at"))),
+    Column("SUBTREE", lambda r: r.get("subtree_records")),
+    Column("AGE", lambda r: age(r.get("created_at"))),
+    Column("FROM RUN", lambda r: r.get("created_by_run"), wide=True),
+    Column("LABELS", _labels, wide=True),
+]
+
+KIND_COLUMNS = [
+    Column("NAME", lambda k: k["name"]),
+    Column("DRIFT CHECK", lambda k: f"{k['drift_interval_seconds']}s" if k.get("drift_interval_seconds") else "-"),
+    Column("DESCRIPTION", lambda k: _first_line(k.get("description"), 70)),
+    Column("SPEC FIELDS", lambda k: ",".join((k.get("spec_schema") or {}).get("properties") or {}) or "-", wide=True),
+]
+
+EVENT_COLUMNS = [
+    Column("TIME", lambda e: e.get("created_at")),
+    Column("TYPE", lambda e: e.get("type")),
+    Column("REASON", lambda e: e.get("reason")),
+    Column("MESSAGE", lambda e: e.get("message")),
+    Column("ACTOR", lambda e: e.get("actor") or "-"),
+    Column("RECORD", lambda e: e.get("record"), wide=True),
+    Column("DATA", lambda e: e.get("data") or "-", wide=True),
+]
+
+JOURNAL_COLUMNS = [
+    Column("SEQ", lambda j: j.get("seq")),
+    Column("CALL", lambda j: j.get("call")),
+    Column("STATUS", lambda j: j.get("status"), styled=True),
+    Column("TOOK", lambda j: between(j.get("created_at"), j.get("completed_at")) if j.get("completed_at") else "-"),
+    Column("ERROR", lambda j: _first_line(j.get("error"), 60) or "-"),
+    Column("RESULT", lambda j: j.get("result"), wide=True),
+]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A noun of ``get``/``describe``: where it lives in the API and how it prints."""
+
+    name: str  # singular, as in ``record/<id>``
+    plural: str
+    aliases: tuple[str, ...]
+    path: str  # list path under /api/v1/
+    columns: list[Column]
+    key: str  # the field that names one item in URLs
+    paginated: bool
+
+    def name_of(self, item: dict[str, Any]) -> str:
+        return f"{self.name}/{item[self.key]}"
+
+    def item_path(self, ident: str) -> str:
+        return f"{self.path}/{ident}/"
+
+
+RESOURCES = {
+    r.name: r
+    for r in [
+        Resource("record", "records", ("rec", "recs", "r"), "records", RECORD_COLUMNS, "id", True),
+        Resource("run", "runs", (), "runs", RUN_COLUMNS, "id", True),
+        Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", False),
+        Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False),
+        Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),
+        Resource("orphan", "orphans", (), "orphans", EVENT_COLUMNS, "id", True),
+    ]
+}
+_BY_ALIAS = {alias: r for r in RESOURCES.values() for alias in (r.name, r.plural, *r.aliases)}
+
+
+def resource(word: str) -> Resource:
+    try:
+        return _BY_ALIAS[word.lower()]
+    except KeyError:
+        known = ", ".join(r.plural for r in RESOURCES.values())
+        raise UsageError(f"unknown resource type {word!r}; one of: {known}") from None
+
+
+def complete_resource(incomplete: str) -> list[str]:
+    return [r.plural for r in RESOURCES.values() if r.plural.startswith(incomplete)]
+
+
+def split_ref(ref: str, *, default: str = "record") -> tuple[Resource, str]:
+    """``run/<id>`` → (runs, id); a bare id → (``default``, id)."""
+    if "/" in ref:
+        word, _, ident = ref.partition("/")
+        if not ident:
+            raise UsageError(f"{ref!r} names no id; write it as TYPE/ID, e.g. record/<uuid> or run/<uuid>")
+        return resource(word), ident
+    return RESOURCES[default], ref
+
+
+NameOf = Callable[[dict[str, Any]], str]
