@@ -647,7 +647,6 @@ def _suspend(execution: Execution, waiting_on: list[str], wake_at: datetime | No
             return
         RunWait.objects.filter(run=run).delete()
         RunWait.objects.bulk_create([RunWait(run=run, target=target) for target in waiting_on])
-        # A wake-up for these targets committed before our RunWait rows is not lost: look now.
         settled = bool(services.targets_settled(waiting_on))
         due = wake_at is not None and wake_at <= timezone.now()
         if settled or due:
@@ -661,6 +660,11 @@ def _suspend(execution: Execution, waiting_on: list[str], wake_at: datetime | No
         )
         if wake_at is not None:
             services._enqueue_on_commit(run.pk, countdown=max(0.0, (wake_at - timezone.now()).total_seconds()))
+    # A target that settled while the transaction above ran looked for our RunWait rows before
+    # they were committed and found none: its wake-up is lost. Looking again after our commit
+    # closes the gap — whatever settles later finds the rows.
+    if waiting_on and services.targets_settled(waiting_on):
+        services.runs_wake(targets=waiting_on)
 
 
 def _output(definition: Definition[Any, Any], value: Any) -> Any:
