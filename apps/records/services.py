@@ -619,6 +619,14 @@ def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
     with transaction.atomic():
         parent_ids = sorted({r.parent_id for r in claim if r.parent_id is not None})
         _lock_rows(parent_ids)  # siblings finishing concurrently serialize here: one sees all gone
+        # A duplicate message (a redelivery after a worker died, the reconciler) may have run
+        # the same deletes meanwhile: re-read our rows under their locks and finish only those
+        # still deleting, so each record is marked deleted exactly once.
+        fresh = {
+            r.pk: r
+            for r in Record.objects.select_for_update(no_key=True).filter(pk__in=[r.pk for r in claim]).order_by("pk")
+        }
+        claim = [fresh[r.pk] for r in claim if r.pk in fresh and fresh[r.pk].phase == Phase.DELETING]
         now = timezone.now()
         done = [r for r in claim if results[r.pk] is None]
         _transition(
