@@ -382,3 +382,9 @@ def test_readme_names_only_settings_that_exist() -> None:
     )
     for name in sorted(set(re.findall(r"\bGRAPHENE_[A-Z_]+[A-Z]\b", readme))):
         assert name in code, f"README documents {name}, which no code reads"
+
+
+def test_the_studio_is_branded(admin_client: Any) -> None:
+    response = admin_client.get("/")
+    assert response.status_code == 200
+    assert b"Graphene Studio" in response.content
