@@ -109,10 +109,6 @@ class Execution:
 
     # --- journal -----------------------------------------------------------------------------
 
-    @property
-    def replaying(self) -> bool:
-        return any(seq > self.seq for seq in self.journal) if self.journal else False
-
     def leftover(self) -> JournalEntry | None:
         """The first journaled call the program has not made (it now ends earlier)."""
         later = [seq for seq in self.journal if seq > self.seq]
@@ -583,9 +579,14 @@ class Execution:
             raise _Suspend(wake_at=wake_at)
 
     def log(self, message: str, level: str) -> None:
-        if self.replaying or self.run.record_id is None:
+        """A journaled call like the others: the line and its entry commit together (fenced),
+        so a replay after a crash or a takeover never writes it a second time."""
+        if self._next("log") is not None:
             return
-        log_write(record_id=self.run.record_id, message=message, severity=level, source="run")
+        with transaction.atomic():
+            if self.run.record_id is not None:
+                log_write(record_id=self.run.record_id, message=message, severity=level, source="run")
+            self._write(self.seq, "log", EntryStatus.COMPLETED)
 
     # --- lifecycle --------------------------------------------------------------------------
 

@@ -609,7 +609,9 @@ def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
         claim = [r for r in rows if r.pk not in busy]
         if not claim:
             return
-        wait_for_create = {r.pk for r in claim if r.phase in _CREATE_IN_FLIGHT}
+        # A record already ``deleting`` was claimed by a batch that died (perhaps while waiting
+        # for an in-flight create): take the operation lock again rather than race that create.
+        wait_for_create = {r.pk for r in claim if r.phase in _CREATE_IN_FLIGHT or r.phase == Phase.DELETING}
         lease = {"next_attempt_at": timezone.now() + _lease()}
         _transition([r for r in claim if r.phase != Phase.DELETING], Phase.DELETING, reason="Deleting", fields=lease)
         Record.objects.filter(pk__in=[r.pk for r in claim if r.phase == Phase.DELETING]).update(**lease)
@@ -834,7 +836,13 @@ def records_reconcile(*, now: datetime | None = None, limit: int = 500) -> int:
         )
         if not due:
             return 0
-        Record.objects.filter(pk__in=[r.pk for r in due]).update(next_attempt_at=now + _lease())
+        # Back off per record: a record that has waited long is more likely behind a long
+        # queue than lost, and re-sending it every lease would only grow that queue.
+        cap = max(_lease(), timedelta(seconds=60))
+        for record in due:
+            waited = max(now - record.updated_at, timedelta(0))
+            record.next_attempt_at = now + min(max(_lease(), waited), cap)
+        Record.objects.bulk_update(due, ["next_attempt_at"])
         converge, delete, idle = [], [], []
         for record in due:
             if record.phase == Phase.DELETED:

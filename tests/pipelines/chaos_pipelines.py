@@ -118,6 +118,7 @@ def environment(ctx: Context, inputs: ChaosInputs) -> ChaosOutput:
     for host in hosts:
         objects[host.name] = host.ready()["object"]
         name = f"provision-{host.name}"
+        ctx.log(f"provisioning {host.name}")  # a kill during the step must not write it twice
         steps.append(ctx.step(name, _work, run_id, name, inputs.step_ms, host.name))
     ctx.sleep(0.5)  # a durable timer between the two halves
     for disk in disks[::DISKS]:  # the first disk of each host

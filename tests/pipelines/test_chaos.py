@@ -11,7 +11,8 @@ Afterwards every run succeeded, the journal of each is exactly the program's cal
 declared record exists exactly once and went through a legal life (one event per phase
 change, ending in one ``deleted``), no record ever had two external objects (a monitor
 thread watches the test world the whole time), completed steps never ran again, the
-at-most-once step never ran twice, and nothing the runs owned remains: every record is
+at-most-once step never ran twice, each log line was written once, no record saw an error
+(``test.sleep`` never fails by itself), and nothing the runs owned remains: every record is
 tombstoned, children before parents, and the world holds no object of theirs.
 
 With ``-s`` the test prints its progress, the kill count and a summary. ``CHAOS_SEED``
@@ -102,6 +103,10 @@ def expected_calls(ids: dict[str, str]) -> list[str]:
     calls += [f"ready test.sleep/{z}" for z in zones]
     calls += ["step audit"]
     return calls
+
+
+def expected_logs() -> list[str]:
+    return ["dns is ready"] + [f"provisioning {h}" for h in _names()[1]]
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -535,15 +540,19 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
         if entry is not None and entry.status == EntryStatus.UNKNOWN and outputs.get("audit") != "unknown":
             problems.append(f"{run}: audit outcome unknown, but the program saw {outputs.get('audit')!r}")
 
-        # 6. The run's log line is written once, like every other call (replay does not repeat it).
-        logged = list(
-            LogLine.objects.filter(record_id=run.record_id, message="dns is ready").values_list("at", flat=True)
-        )
-        if len(logged) != 1:
-            around = [f"#{e.seq} {e.call} at {e.created_at:%H:%M:%S.%f}" for e in journal if "dns" in e.call]
+        # 6. Log lines are written once each, like every other call: replay does not repeat them.
+        logged = list(LogLine.objects.filter(record_id=run.record_id, source="run").values_list("message", "at"))
+        counts = Counter(message for message, _ in logged)
+        if counts != Counter(expected_logs()):
+            times = {m: [f"{at:%H:%M:%S.%f}" for mm, at in logged if mm == m] for m, n in counts.items() if n != 1}
+            marks = [
+                f"#{e.seq} {e.call} at {e.created_at:%H:%M:%S.%f}"
+                for e in journal
+                if "dns" in e.call or "provision" in e.call
+            ]
             problems.append(
-                f"{run}: its log line was written {len(logged)} times, at "
-                f"{', '.join(f'{t:%H:%M:%S.%f}' for t in logged)} (attempts {run.attempt}; journal: {around})"
+                f"{run}: log lines {dict(counts)} instead of one each of {expected_logs()}; repeated ones at "
+                f"{times} (attempts {run.attempt}; journal: {marks})"
             )
 
         # 7. Nothing it owned remains: every record tombstoned, children before parents.

@@ -100,7 +100,9 @@ def test_a_failed_run_keeps_its_environment_on_the_stand(workers: list[Worker]) 
 
 def test_queue_runs_one_at_a_time_in_order_and_bounds_the_line(workers: list[Worker], api: APIClient) -> None:
     runs = [start("sample.queue", label=label, seconds=0.6) for label in "abc"]
-    assert [Run.objects.get(pk=r.pk).status for r in runs] == ["queued", "waiting", "waiting"]
+    first, *rest = [Run.objects.get(pk=r.pk).status for r in runs]
+    assert first in {"queued", "running"}  # a worker may have taken it already
+    assert rest == ["waiting", "waiting"]
     with pytest.raises(Conflict, match="max_pending=2"):
         start("sample.queue", label="d")
     refused = api.post("/api/v1/pipelines/sample.queue/runs/", {"inputs": {"label": "e"}}, format="json")
