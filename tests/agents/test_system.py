@@ -224,9 +224,10 @@ def test_reconnect_with_backoff_delivers_a_queued_command_once(agents: Agents, w
     web.start()
     replayed = wait_command(command)
     assert replayed.status == CommandStatus.SUCCEEDED
-    assert replayed.result.get("replayed") is True
-    assert counter.read_text() == "ran\n"  # one side effect
+    # Delivered again, yet one side effect: the agent answered from its journal (or re-reported
+    # the stored result first, when its report of the first run raced the re-delivery).
     assert replayed.deliveries >= 2
+    assert counter.read_text() == "ran\n"
 
 
 def _pid_from(path: Path) -> int:
