@@ -509,14 +509,13 @@ def _live_children() -> Exists:
 
 
 def _enqueue_deletions_on_commit(rows: Iterable[tuple[Any, Any]]) -> None:
-    """Enqueue deletion of (id, parent_id) rows, batched by parent (siblings share a task)."""
+    """Enqueue deletion of (id, parent_id) rows in batches; siblings stay together so the
+    task that deletes the last of them can go on with their parent."""
     from apps.records.tasks import records_delete_task
 
-    by_parent: defaultdict[Any, list[str]] = defaultdict(list)
-    for pk, parent_id in rows:
-        by_parent[parent_id].append(str(pk))
+    ids = [str(pk) for pk, _parent in sorted(rows, key=lambda row: str(row[1]))]
     size = max(1, settings.GRAPHENE_DELETE_BATCH)
-    batches = [ids[i : i + size] for ids in by_parent.values() for i in range(0, len(ids), size)]
+    batches = [ids[i : i + size] for i in range(0, len(ids), size)]
     if batches:
         transaction.on_commit(lambda: [records_delete_task.delay(batch) for batch in batches])
 
@@ -588,12 +587,26 @@ _pool: ThreadPoolExecutor | None = None
 def _executor() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="graphene-delete")
+        _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="graphene-delete")
     return _pool
 
 
 def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
-    """Delete a batch of records whose children are all gone, then wake their parents."""
+    """Delete a batch of records whose children are all gone, then go on up the tree.
+
+    Parents left without live children are deleted by the same task (the next batch), so a
+    branch is walked to its top without a round trip through the broker per level; more
+    parents than one batch holds are handed to new tasks. If this task dies on the way, its
+    redelivery finds the parents again from the ids it was given (see ``_delete_step``), and
+    the reconciler is the net below that.
+    """
+    ids = list(record_ids)
+    while ids:
+        ids = _delete_step(ids)
+
+
+def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
+    """One batch: claim, call the kinds' deletes, mark deleted. Returns the parents to go on with."""
     with transaction.atomic():
         rows = list(
             Record.objects.select_for_update(no_key=True)
@@ -608,18 +621,28 @@ def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
         )
         claim = [r for r in rows if r.pk not in busy]
         if not claim:
-            return
+            if rows:
+                return []  # children still live: the task deleting the last of them goes on
+            # Everything given is deleted already: a redelivery after this task died further up.
+            parent_ids = set(
+                Record.objects.filter(pk__in=list(record_ids), parent_id__isnull=False).values_list(
+                    "parent_id", flat=True
+                )
+            )
+            return _ready_parents(parent_ids)
         # A record already ``deleting`` was claimed by a batch that died (perhaps while waiting
         # for an in-flight create): take the operation lock again rather than race that create.
-        wait_for_create = {r.pk for r in claim if r.phase in _CREATE_IN_FLIGHT or r.phase == Phase.DELETING}
+        resumed = [r.pk for r in claim if r.phase == Phase.DELETING]
+        wait_for_create = {r.pk for r in claim if r.phase in _CREATE_IN_FLIGHT} | set(resumed)
         lease = {"next_attempt_at": timezone.now() + _lease()}
         _transition([r for r in claim if r.phase != Phase.DELETING], Phase.DELETING, reason="Deleting", fields=lease)
-        Record.objects.filter(pk__in=[r.pk for r in claim if r.phase == Phase.DELETING]).update(**lease)
+        if resumed:
+            Record.objects.filter(pk__in=resumed).update(**lease)
 
     results = _run_deletes(claim, wait_for_create)
 
     with transaction.atomic():
-        parent_ids = sorted({r.parent_id for r in claim if r.parent_id is not None})
+        parent_ids = {r.parent_id for r in claim if r.parent_id is not None}
         _lock_rows(parent_ids)  # siblings finishing concurrently serialize here: one sees all gone
         # A duplicate message (a redelivery after a worker died, the reconciler) may have run
         # the same deletes meanwhile: re-read our rows under their locks and finish only those
@@ -641,13 +664,22 @@ def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
             error = results[record.pk]
             if error is not None:
                 _delete_failed(record, error)
-        woken = (
-            Record.objects.filter(pk__in=parent_ids, deletion_requested_at__isnull=False)
-            .exclude(phase__in=[Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED])
-            .filter(~_live_children())
-            .values_list("pk", "parent_id")
-        )
-        _enqueue_deletions_on_commit(list(woken))
+        return _ready_parents(parent_ids)
+
+
+def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
+    """Parents being deleted whose children are all gone: one batch to go on with; any more
+    are enqueued (on commit) for other workers."""
+    ready = list(
+        Record.objects.filter(pk__in=list(parent_ids), deletion_requested_at__isnull=False)
+        .exclude(phase__in=[Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED])
+        .filter(~_live_children())
+        .order_by("parent_id", "pk")
+        .values_list("pk", "parent_id")
+    )
+    size = max(1, settings.GRAPHENE_DELETE_BATCH)
+    _enqueue_deletions_on_commit(ready[size:])
+    return [pk for pk, _parent in ready[:size]]
 
 
 def _delete_failed(record: Record, error: BaseException) -> None:

@@ -232,8 +232,9 @@ GRAPHENE_TEST_WORLD_DIR = Path(env.string("GRAPHENE_TEST_WORLD_DIR", str(DATA_DI
 GRAPHENE_CREATE_ATTEMPTS = env.integer("GRAPHENE_CREATE_ATTEMPTS", 5)
 # How long an operation may stay in flight before the reconciler re-enqueues it.
 GRAPHENE_OPERATION_LEASE_SECONDS = env.integer("GRAPHENE_OPERATION_LEASE_SECONDS", 120)
-# Records deleted by one task (siblings whose children are all gone).
-GRAPHENE_DELETE_BATCH = env.integer("GRAPHENE_DELETE_BATCH", 25)
+# Records deleted by one task (records whose children are all gone; siblings kept together).
+# Per-batch costs dominate cheap deletes: 25 gave ~600 records/s, 100 ~1,090 (2 cores).
+GRAPHENE_DELETE_BATCH = env.integer("GRAPHENE_DELETE_BATCH", 100)
 # Pipelines: Python modules to import, and directories whose *.py files define pipelines.
 GRAPHENE_PIPELINE_MODULES = env.csv("GRAPHENE_PIPELINE_MODULES", [])
 GRAPHENE_PIPELINE_DIRS = env.csv("GRAPHENE_PIPELINE_DIRS", [str(BASE_DIR / "examples" / "pipelines")])

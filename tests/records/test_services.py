@@ -206,6 +206,47 @@ def test_owner_waits_while_a_child_delete_keeps_failing(django_capture_on_commit
     assert Record.objects.get(pk=owner.pk).deletion_requested_at is not None
 
 
+def _chain(capture: Any) -> list[Record]:
+    """run -> a -> b -> c, all ready, deletion of the run requested (no task run yet)."""
+    owner = factories.run()
+    chain = [owner]
+    with capture(execute=False):
+        for name in "abc":
+            chain.append(factories.sleep(chain[-1], name))
+    for record in chain[1:]:
+        services.record_converge(record_id=record.pk)
+    with capture(execute=False):
+        services.record_delete_request(record=owner)
+    return chain
+
+
+def test_one_task_walks_a_branch_to_its_top(django_capture_on_commit_callbacks: Any) -> None:
+    """The task that deletes a parent's last child goes on with the parent: no task per level."""
+    chain = _chain(django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=False):
+        services.record_delete_batch(record_ids=[str(chain[-1].pk)])
+    assert set(phases(*chain)) == {Phase.DELETED}
+    assert [objects_of(str(r.pk)) for r in chain[1:]] == [[], [], []]
+    deleted = list(Event.objects.filter(type=EventType.PHASE_CHANGED, data__to="deleted").order_by("id"))
+    assert [e.record_id for e in deleted] == [r.pk for r in reversed(chain)], "children first"
+
+
+def test_a_redelivered_batch_goes_on_up_from_records_already_deleted(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """A task killed after deleting its records but before their parent: the redelivered
+    message (same ids, all deleted now) finds the parent and finishes the branch."""
+    chain = _chain(django_capture_on_commit_callbacks)
+    leaf = chain[-1]
+    with django_capture_on_commit_callbacks(execute=False):
+        assert services._delete_step([str(leaf.pk)]) == [chain[-2].pk]  # ... and the task dies here
+    assert phases(*chain) == [Phase.READY, Phase.READY, Phase.READY, Phase.DELETED]
+    with django_capture_on_commit_callbacks(execute=False):
+        services.record_delete_batch(record_ids=[str(leaf.pk)])
+    assert set(phases(*chain)) == {Phase.DELETED}
+    assert Event.objects.filter(record=leaf, type=EventType.PHASE_CHANGED, data__to="deleted").count() == 1
+
+
 def test_declaring_under_an_owner_being_deleted_is_refused(django_capture_on_commit_callbacks: Any) -> None:
     owner = factories.run()
     with django_capture_on_commit_callbacks(execute=False):
