@@ -21,10 +21,11 @@ def log_lines(
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> QuerySet[LogLine]:
-    if include_descendants:
-        qs = LogLine.objects.filter(
-            record__tree_id=record.tree_id, record__lft__gte=record.lft, record__rght__lte=record.rght
-        )
+    if include_descendants and not record.is_leaf_node():
+        # The subtree's ids first (an index range on the tree), then its lines through the
+        # (record, id) index: as one join the planner may scan the whole table instead.
+        subtree = Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght)
+        qs = LogLine.objects.filter(record_id__in=list(subtree.values_list("pk", flat=True)))
     else:
         qs = LogLine.objects.filter(record=record)
     if grep:

@@ -640,12 +640,16 @@ def logs(
         bool, typer.Option("--no-descendants", help="only the record's own lines, not its subtree's")
     ] = False,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most this many (oldest first)")] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=1, max=10_000, help="only the last N lines (with -f: then follow)")
+    ] = None,
     interval: IntervalOpt = 1.0,
     output: OutputOpt = Format.table,
 ) -> None:
     """Log lines of a record (and by default of everything it owns), oldest first.
 
-    Examples: graphenectl logs run/<id> -f · graphenectl logs <id> --since 10m --grep timeout --severity warning
+    Examples: graphenectl logs run/<id> -f --tail 50
+              graphenectl logs <id> --since 10m --grep timeout --severity warning
     """
     params: dict[str, Any] = {
         "grep": grep,
@@ -653,6 +657,7 @@ def logs(
         "since": parse_time(since, option="--since") if since else None,
         "until": parse_time(until, option="--until") if until else None,
         "descendants": "false" if no_descendants else None,
+        "tail": tail,
     }
     record = get_record(ref)
     wide = output is Format.wide

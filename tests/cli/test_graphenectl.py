@@ -275,6 +275,9 @@ def test_logs_of_a_run_filter_and_follow(server: Server, ctl: Ctl) -> None:
     assert ctl.ok("logs", run["id"], "--since", "10m", "-o", "json").json()
     assert ctl.ok("logs", run["id"], "--until", "2000-01-01T00:00:00Z", "-o", "json").json() == []
     assert ctl("logs", run["id"], "--since", "yesterday").code == 2
+    everything = server.get(f"records/{run['record']}/logs/?limit=1000")["results"]
+    assert ctl.ok("logs", run["id"], "--tail", "2", "-o", "json").json() == everything[-2:]
+    assert ctl("logs", run["id"], "--tail", "0").code == 2
 
     follower = ctl.popen("logs", run["id"], "-f", "-o", "json", "--interval", "0.2")
     try:

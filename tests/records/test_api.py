@@ -250,6 +250,10 @@ def test_logs_of_a_record_include_its_subtree_and_filter(api: APIClient) -> None
     everything = api.get(f"/api/v1/records/{run.pk}/logs/").json()["results"]
     assert [line["message"] for line in everything] == ["run started", "child is warming up", "child failed to bind"]
     assert everything[1]["record_name"] == "child"
+    from apps.observability.models import LogLine
+    from apps.records.api.serializers import LogLineOutput
+
+    assert everything == LogLineOutput(LogLine.objects.order_by("id"), many=True).data, "the documented shape"
     only_own = api.get(f"/api/v1/records/{run.pk}/logs/?descendants=false").json()["results"]
     assert [line["message"] for line in only_own] == ["run started"]
     errors = api.get(f"/api/v1/records/{run.pk}/logs/?severity=warning").json()["results"]
@@ -257,6 +261,30 @@ def test_logs_of_a_record_include_its_subtree_and_filter(api: APIClient) -> None
     grep = api.get(f"/api/v1/records/{run.pk}/logs/?grep=WARMING").json()["results"]
     assert [line["message"] for line in grep] == ["child is warming up"]
     assert api.get(f"/api/v1/records/{run.pk}/logs/?severity=loud").status_code == 400
+
+
+def test_logs_tail_returns_the_last_lines_and_a_cursor_that_follows_them(api: APIClient) -> None:
+    from apps.observability.services import log_write
+
+    run = factories.run()
+    for n in range(12):
+        log_write(record_id=run.pk, message=f"line {n}")
+    body = api.get(f"/api/v1/records/{run.pk}/logs/?tail=3").json()
+    assert [line["message"] for line in body["results"]] == ["line 9", "line 10", "line 11"]
+    assert api.get(body["next"]).json()["results"] == [], "nothing after the tail yet"
+    log_write(record_id=run.pk, message="line 12")
+    assert [line["message"] for line in api.get(body["next"]).json()["results"]] == ["line 12"]
+    filtered = api.get(f"/api/v1/records/{run.pk}/logs/?tail=2&grep=line 1").json()["results"]
+    assert [line["message"] for line in filtered] == ["line 11", "line 12"]
+    empty = factories.run("quiet")
+    body = api.get(f"/api/v1/records/{empty.pk}/logs/?tail=5").json()
+    assert body["results"] == []
+    log_write(record_id=empty.pk, message="first")
+    assert [line["message"] for line in api.get(body["next"]).json()["results"]] == ["first"]
+    for bad in ("0", "x", "10001"):
+        response = api.get(f"/api/v1/records/{run.pk}/logs/?tail={bad}")
+        assert response.status_code == 400, bad
+        assert "tail" in response.json()["fields"]
 
 
 def test_whoami(api: APIClient) -> None:
