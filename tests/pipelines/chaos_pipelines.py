@@ -7,9 +7,14 @@ executions and tell whether a step ran again after its journal entry was complet
 
 The environment, 20 ``test.sleep`` records per run (three levels deep)::
 
-    net, dns, zone-0, zone-1
+    net, dns, zone-0, zone-1-<run>
     zone-Z ─ host-Z-H (H = 0, 1)
     host-Z-H ─ disk-Z-H-D (D = 0, 1, 2)
+
+Once its zones are ready the run hands zone 1 and its subtree (9 records) to the pipeline's
+stand for an hour; the rest dies with the run. The stand holds one live child per kind and
+name, so the kept zone is named after the run (``zone_name``: ``<run>`` is the last 8
+characters of the run id); hosts and disks are unique under their own parents.
 
 Creation times are derived from the run id and the record's name (crc32, stable across
 processes), so a replay declares exactly what the first execution did.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -30,6 +36,17 @@ ZONES = 2
 HOSTS = 2
 DISKS = 3
 RECORDS = 2 + ZONES + ZONES * HOSTS + ZONES * HOSTS * DISKS  # net, dns + the zone tree = 20
+KEPT_ZONE = 1  # handed to the stand with its subtree
+KEPT = 1 + HOSTS + HOSTS * DISKS  # the kept zone, its hosts and their disks = 9
+KEEP_FOR = timedelta(hours=1)
+
+
+def zone_name(z: int, run_id: str) -> str:
+    """Zone ``z``'s name; the kept one carries the run's: a stand refuses a second live zone-1.
+
+    The tail of the id: random in a uuid4, and what tells apart the testing kit's sequential ids.
+    """
+    return f"zone-{z}-{run_id[-8:]}" if z == KEPT_ZONE else f"zone-{z}"
 
 
 def effects_dir() -> Path:
@@ -91,7 +108,7 @@ def _work(run_id: str, step: str, ms: int, payload: str) -> str:
 
 @pipeline("chaos.env", inputs=ChaosInputs)
 def environment(ctx: Context, inputs: ChaosInputs) -> ChaosOutput:
-    """Declare 20 records in a tree, wait on some, run checkpointed steps, sleep, delete one."""
+    """Declare 20 records in a tree, wait on some, run checkpointed steps, sleep, delete one, keep 9."""
     run_id = ctx.run_id
 
     def declare(name: str, parent: Resource | None = None) -> Resource:
@@ -100,7 +117,7 @@ def environment(ctx: Context, inputs: ChaosInputs) -> ChaosOutput:
 
     net = declare("net")
     dns = declare("dns")
-    zones = [declare(f"zone-{z}") for z in range(ZONES)]
+    zones = [declare(zone_name(z, run_id)) for z in range(ZONES)]
     hosts = [declare(f"host-{z}-{h}", parent=zone) for z, zone in enumerate(zones) for h in range(HOSTS)]
     disks = [
         declare(f"disk-{host.name[5:]}-{d}", parent=host) for host in hosts for d in range(DISKS)
@@ -125,6 +142,7 @@ def environment(ctx: Context, inputs: ChaosInputs) -> ChaosOutput:
         objects[disk.name] = disk.ready()["object"]
     for zone in zones:
         objects[zone.name] = zone.ready()["object"]
+    ctx.to_stand(zones[KEPT_ZONE], keep_for=KEEP_FOR)  # outlives the run, its disks ready or not
 
     try:
         audit = ctx.step(

@@ -1,19 +1,22 @@
 """The crash test (``pytest -m chaos``): runs survive workers killed with SIGKILL at random.
 
 30 runs of ``chaos.env`` (20 ``test.sleep`` records in a tree, waits, checkpointed steps, a
-durable timer, a delete) execute on real prefork worker processes while a killer thread
-SIGKILLs a random worker (its whole process group: the main process and its pool) at
-random moments and starts a replacement in the background, so that the other workers keep
-going; now and then it kills a single pool process instead. A real ``celery beat`` drives
-the safety nets (run leases, record operation leases).
+durable timer, a delete, a subtree handed to the stand) execute on real prefork worker
+processes while a killer thread SIGKILLs a random worker (its whole process group: the main
+process and its pool) at random moments and starts a replacement in the background, so that
+the other workers keep going; now and then it kills a single pool process instead. A real
+``celery beat`` drives the safety nets (run leases, record operation leases).
 
 Afterwards every run succeeded, the journal of each is exactly the program's calls, each
 declared record exists exactly once and went through a legal life (one event per phase
 change, ending in one ``deleted``), no record ever had two external objects (a monitor
 thread watches the test world the whole time), completed steps never ran again, the
 at-most-once step never ran twice, each log line was written once, no record saw an error
-(``test.sleep`` never fails by itself), and nothing the runs owned remains: every record is
-tombstoned, children before parents, and the world holds no object of theirs.
+(``test.sleep`` never fails by itself), and nothing else the runs owned remains: every record
+they did not keep is tombstoned, children before parents. The stand holds exactly the
+handed-off subtrees (each run's kept zone with its hosts and disks: ready, one object each,
+the zone due to expire in an hour). The test then deletes the stand; afterwards every record
+the runs declared has ended in one deletion and the world holds no object of theirs.
 
 With ``-s`` the test prints its progress, the kill count and a summary. ``CHAOS_SEED``
 replays a schedule of kills (the seed is printed and is in every failure message).
@@ -31,6 +34,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,8 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, QuerySet
+from django.utils import timezone
 
 from apps.observability.models import LogLine
 from apps.pipelines import services
@@ -46,10 +51,21 @@ from apps.pipelines.choices import TERMINAL, EntryStatus, RunStatus
 from apps.pipelines.models import JournalEntry, Run
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
+from apps.records.services import record_delete_request
 from kinds.testing import objects_of
 from tests.conftest import REPO, Worker, process_env, purge_queue
 from tests.pipelines import chaos_pipelines  # noqa: F401 - registers chaos.env in this process
-from tests.pipelines.chaos_pipelines import DISKS, HOSTS, RECORDS, ZONES, executions
+from tests.pipelines.chaos_pipelines import (
+    DISKS,
+    HOSTS,
+    KEEP_FOR,
+    KEPT,
+    KEPT_ZONE,
+    RECORDS,
+    ZONES,
+    executions,
+    zone_name,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
@@ -67,28 +83,38 @@ PIPELINE_MODULES = "tests.pipelines.sample,tests.pipelines.chaos_pipelines"
 # --- what the program does ------------------------------------------------------------------
 
 
-def _names() -> tuple[list[str], list[str], list[str]]:
-    zones = [f"zone-{z}" for z in range(ZONES)]
+def _names(run_id: str) -> tuple[list[str], list[str], list[str]]:
+    zones = [zone_name(z, run_id) for z in range(ZONES)]
     hosts = [f"host-{z}-{h}" for z in range(ZONES) for h in range(HOSTS)]
     disks = [f"disk-{h[5:]}-{d}" for h in hosts for d in range(DISKS)]
     return zones, hosts, disks
 
 
-def expected_parents() -> dict[str, str | None]:
-    """Each declared name and its owner's name (None: the run)."""
-    zones, hosts, disks = _names()
+def expected_parents(run_id: str) -> dict[str, str | None]:
+    """Each name the run declares and its owner's name when declared (None: the run), owners first."""
+    zones, hosts, disks = _names(run_id)
     parents: dict[str, str | None] = {"net": None, "dns": None}
     parents |= {z: None for z in zones}
-    parents |= {h: f"zone-{h.split('-')[1]}" for h in hosts}
+    parents |= {h: zones[int(h.split("-")[1])] for h in hosts}
     parents |= {d: f"host-{d.split('-')[1]}-{d.split('-')[2]}" for d in disks}
     assert len(parents) == RECORDS == 20
     return parents
 
 
-def expected_calls(ids: dict[str, str]) -> list[str]:
+def expected_kept(run_id: str) -> set[str]:
+    """The names the run hands to the stand: the kept zone and everything below it."""
+    kept = {zone_name(KEPT_ZONE, run_id)}
+    for name, parent in expected_parents(run_id).items():  # owners come first
+        if parent in kept:
+            kept.add(name)
+    assert len(kept) == KEPT == 9
+    return kept
+
+
+def expected_calls(run_id: str, ids: dict[str, str]) -> list[str]:
     """The journal of one run; ``ids`` maps names to record ids (parents appear in calls)."""
-    zones, hosts, disks = _names()
-    parents = expected_parents()
+    zones, hosts, disks = _names(run_id)
+    parents = expected_parents(run_id)
 
     def declare(name: str) -> str:
         parent = parents[name]
@@ -101,12 +127,13 @@ def expected_calls(ids: dict[str, str]) -> list[str]:
     calls += ["sleep"]
     calls += [f"ready test.sleep/{d}" for d in disks[::DISKS]]
     calls += [f"ready test.sleep/{z}" for z in zones]
+    calls += [f"to_stand test.sleep/{zones[KEPT_ZONE]}"]
     calls += ["step audit"]
     return calls
 
 
-def expected_logs() -> list[str]:
-    return ["dns is ready"] + [f"provisioning {h}" for h in _names()[1]]
+def expected_logs(run_id: str) -> list[str]:
+    return ["dns is ready"] + [f"provisioning {h}" for h in _names(run_id)[1]]
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -305,13 +332,15 @@ class WorldMonitor(threading.Thread):
 # --- reading the outcome ----------------------------------------------------------------------
 
 
-def _progress(ids: list[Any], tree_ids: list[int]) -> str:
+def _phases(records: QuerySet[Record]) -> dict[str, int]:
+    return dict(Counter(records.values_list("phase", flat=True)))
+
+
+def _progress(ids: list[Any], tree_ids: list[int], kept: QuerySet[Record]) -> str:
     runs = dict(Counter(Run.objects.filter(pk__in=ids).values_list("status", flat=True)))
-    phases = dict(
-        Counter(Record.objects.filter(tree_id__in=tree_ids, kind="test.sleep").values_list("phase", flat=True))
-    )
+    phases = _phases(Record.objects.filter(tree_id__in=tree_ids, kind="test.sleep"))
     queued = redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(settings.CELERY_TASK_DEFAULT_QUEUE)
-    return f"runs {runs} records {phases} queued_messages={queued}"
+    return f"runs {runs} records {phases} kept {_phases(kept)} queued_messages={queued}"
 
 
 def _unfinished_report(ids: list[Any]) -> str:
@@ -326,12 +355,12 @@ def _unfinished_report(ids: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def _live_report(tree_ids: list[int]) -> str:
-    live = Record.objects.filter(tree_id__in=tree_ids).exclude(phase=Phase.DELETED).order_by("tree_id", "lft")
+def _report(records: QuerySet[Record]) -> str:
+    """The records (at most 60), tree by tree, with what they are waiting for."""
     return "\n".join(
         f"  tree {r.tree_id} {r.kind}/{r.name} {r.phase} attempts={r.attempts} requested={r.deletion_requested_at} "
         f"next_attempt_at={r.next_attempt_at} error={r.last_error!r}"
-        for r in live[:60]
+        for r in records.order_by("tree_id", "lft")[:60]
     )
 
 
@@ -408,7 +437,10 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
             runs.append(services.run_start(pipeline_name="chaos.env", inputs={}))
             time.sleep(rng.uniform(0.0, 0.3))
         ids = [r.pk for r in runs]
-        tree_ids = list(Record.objects.filter(pk__in=[r.record_id for r in runs]).values_list("tree_id", flat=True))
+        roots = [r.record_id for r in runs]
+        # What the runs still own is their roots' trees; what they hand over moves to the stand's.
+        tree_ids = list(Record.objects.filter(pk__in=roots).values_list("tree_id", flat=True))
+        kept_records = Record.objects.filter(created_by_run_id__in=roots).exclude(tree_id__in=tree_ids)
 
         def runs_ended() -> bool:
             assert killer.error is None, f"the killer failed: {killer.error!r}"
@@ -420,7 +452,7 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
             began + RUNS_DEADLINE,
             f"all runs to end ({tag})",
             lambda: f"kills={killer.kills}\n{_unfinished_report(ids)}",
-            lambda: f"kills={killer.kills} {_progress(ids, tree_ids)}",
+            lambda: f"kills={killer.kills} {_progress(ids, tree_ids, kept_records)}",
         )
         ended = time.monotonic() - began
         # Keep killing during the clean-up until the quota is met.
@@ -442,13 +474,25 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
     def all_deleted() -> bool:
         return not Record.objects.filter(tree_id__in=tree_ids).exclude(phase=Phase.DELETED).exists()
 
+    def kept_ready() -> bool:
+        # A kept disk nobody waited for may still be creating (or be retried after a kill).
+        return not kept_records.exclude(phase=Phase.READY).exists()
+
     try:
+        deadline = time.monotonic() + CLEANUP_DEADLINE
         _wait(
             all_deleted,
-            time.monotonic() + CLEANUP_DEADLINE,
+            deadline,
             f"the runs' trees to be deleted ({kills})",
-            lambda: _live_report(tree_ids),
-            lambda: _progress(ids, tree_ids),
+            lambda: _report(Record.objects.filter(tree_id__in=tree_ids).exclude(phase=Phase.DELETED)),
+            lambda: _progress(ids, tree_ids, kept_records),
+        )
+        _wait(
+            kept_ready,
+            deadline,
+            f"the records kept on the stand to be ready ({kills})",
+            lambda: _report(kept_records.exclude(phase=Phase.READY)),
+            lambda: _progress(ids, tree_ids, kept_records),
         )
     finally:
         monitor.stopping.set()
@@ -461,35 +505,50 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
     failed = [f"{r} {r.status} (attempt {r.attempt}):\n{r.error}" for r in runs if r.status != RunStatus.SUCCEEDED]
     assert not failed, f"{len(failed)} of {RUNS} runs did not succeed ({kills}):\n" + "\n\n".join(failed)
 
+    stands = list(
+        Record.objects.filter(kind="graphene.stand", name="chaos.env", parent__isnull=True).exclude(phase=Phase.DELETED)
+    )
+    assert len(stands) == 1, f"{len(stands)} live stands of chaos.env ({kills})"
+    stand = stands[0]
+    checked_at = timezone.now()
+
     problems: list[str] = []
-    parents = expected_parents()
-    at_least_once = ["configure-net"] + [f"provision-{h}" for h in _names()[1]]
     reexecuted: Counter[str] = Counter()
     audits: Counter[str] = Counter()
     everything: dict[Any, Record] = {}
+    kept_ids: set[Any] = set()
+    kept_zones: set[Any] = set()
     for run in runs:
         assert run.record_id is not None
+        run_id = str(run.pk)
+        parents = expected_parents(run_id)
+        kept_names = expected_kept(run_id)
+        kept_zone = zone_name(KEPT_ZONE, run_id)
         root = Record.objects.get(pk=run.record_id)
-        tree = list(Record.objects.filter(tree_id=root.tree_id))
-        everything |= {r.pk: r for r in tree}
-        declared = [r for r in tree if r.kind == "test.sleep"]
+        tree = list(Record.objects.filter(tree_id=root.tree_id))  # what the run still owns
+        declared = list(Record.objects.filter(created_by_run_id=run.record_id))  # wherever it is now
+        everything |= {r.pk: r for r in [root, *declared]}
         by_name = {r.name: r for r in declared}
-        # 2. Each declared record exists exactly once, where the program put it.
-        if len(declared) != RECORDS or set(by_name) != set(parents):
-            names = sorted(Counter(r.name for r in declared).items())
-            problems.append(f"{run}: {len(declared)} test.sleep records in its tree: {names}")
+        # 2. Each declared record exists exactly once, where the program put it: the kept ones on
+        #    the stand, the rest in the run's tree.
+        if len(declared) != RECORDS or set(by_name) != set(parents) or {r.kind for r in declared} != {"test.sleep"}:
+            names = sorted(Counter(f"{r.kind}/{r.name}" for r in declared).items())
+            problems.append(f"{run}: {len(declared)} records declared by the run: {names}")
             continue
-        if len(tree) != RECORDS + 1:
-            problems.append(f"{run}: its tree holds {len(tree)} records, not {RECORDS} + the run")
-        by_id: dict[Any, Record] = {r.pk: r for r in tree}  # .get(None): no owner
+        kept = [r for r in declared if r.name in kept_names]
+        gone = [r for r in declared if r.name not in kept_names]
+        if {r.pk for r in tree} != {root.pk} | {r.pk for r in gone}:
+            held = sorted(f"{r.kind}/{r.name}" for r in tree if r.pk != root.pk)
+            problems.append(f"{run}: its tree holds {held}, not the {RECORDS - KEPT} records it did not keep")
+        astray = [r.name for r in kept if r.tree_id != stand.tree_id]
+        if astray:
+            problems.append(f"{run}: kept records outside the stand's tree: {astray}")
+        owners: dict[Any, Record] = {root.pk: root, stand.pk: stand} | {r.pk: r for r in declared}
         for name, parent in parents.items():
-            owner = by_id.get(by_name[name].parent_id)
-            want = run.record_id if parent is None else by_name[parent].pk
-            if owner is None or owner.pk != want:
-                problems.append(f"{run}: {name} is owned by {owner}, not {parent or 'the run'}")
-        stray = Record.objects.filter(created_by_run_id=run.record_id).exclude(pk__in=list(by_id)).count()
-        if stray:
-            problems.append(f"{run}: {stray} records created by the run outside its tree")
+            owner = owners.get(by_name[name].parent_id)  # .get(None): no owner
+            want = stand if name == kept_zone else root if parent is None else by_name[parent]
+            if owner is None or owner.pk != want.pk:
+                problems.append(f"{run}: {name} is owned by {owner}, not {want}")
         declared_twice = list(
             Event.objects.filter(record__in=declared, type=EventType.DECLARED)
             .values_list("record__name")
@@ -504,14 +563,18 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
         ids_by_name = {n: str(r.pk) for n, r in by_name.items()}
         journal = list(JournalEntry.objects.filter(run=run).order_by("seq"))
         calls = [e.call for e in journal if e.call != "log"]  # whether or not logs are journaled
-        if calls != expected_calls(ids_by_name):
+        if calls != expected_calls(run_id, ids_by_name):
             problems.append(f"{run}: journal differs from the program:\n    {calls}")
         if [e.seq for e in journal] != list(range(1, len(journal) + 1)):
             problems.append(f"{run}: journal sequence has gaps: {[e.seq for e in journal]}")
         journaled_ids = {(e.result or {}).get("record_id") for e in journal if e.call.startswith("declare")}
         if journaled_ids != set(ids_by_name.values()):
-            problems.append(f"{run}: the journal's declarations are not the tree's records")
+            problems.append(f"{run}: the journal's declarations are not the records it declared")
         entries = {e.call: e for e in journal}
+        handover = entries.get(f"to_stand test.sleep/{kept_zone}")
+        handed = (handover.result if handover is not None else None) or {}
+        if (handed.get("record_id"), handed.get("stand")) != (ids_by_name[kept_zone], str(stand.pk)):
+            problems.append(f"{run}: the journal does not say {kept_zone} went to the stand {stand.pk}: {handed}")
 
         # 4. What the run saw is the one object each record had.
         outputs = run.outputs or {}
@@ -520,8 +583,8 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
                 problems.append(f"{run}: {name} was ready with object {obj}, record says {by_name[name].outputs}")
 
         # 5. Steps: a completed step never runs again; the at-most-once step at most once.
-        for step in at_least_once:
-            runs_of = executions(str(run.pk), step)
+        for step in ["configure-net"] + [f"provision-{h}" for h in _names(run_id)[1]]:
+            runs_of = executions(run_id, step)
             entry = entries.get(f"step {step}")
             if not runs_of:
                 problems.append(f"{run}: step {step} completed without executing")
@@ -530,7 +593,7 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
                 if late:
                     problems.append(f"{run}: step {step} ran again after it was journaled completed: {runs_of}")
             reexecuted[step] += max(len(runs_of) - 1, 0)
-        audit = executions(str(run.pk), "audit")
+        audit = executions(run_id, "audit")
         entry = entries.get("step audit")
         audits[f"{entry.status if entry else None}/{outputs.get('audit')}/{len(audit)}x"] += 1
         if len(audit) > 1:
@@ -543,7 +606,7 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
         # 6. Log lines are written once each, like every other call: replay does not repeat them.
         logged = list(LogLine.objects.filter(record_id=run.record_id, source="run").values_list("message", "at"))
         counts = Counter(message for message, _ in logged)
-        if counts != Counter(expected_logs()):
+        if counts != Counter(expected_logs(run_id)):
             times = {m: [f"{at:%H:%M:%S.%f}" for mm, at in logged if mm == m] for m, n in counts.items() if n != 1}
             marks = [
                 f"#{e.seq} {e.call} at {e.created_at:%H:%M:%S.%f}"
@@ -551,23 +614,84 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
                 if "dns" in e.call or "provision" in e.call
             ]
             problems.append(
-                f"{run}: log lines {dict(counts)} instead of one each of {expected_logs()}; repeated ones at "
+                f"{run}: log lines {dict(counts)} instead of one each of {expected_logs(run_id)}; repeated ones at "
                 f"{times} (attempts {run.attempt}; journal: {marks})"
             )
 
-        # 7. Nothing it owned remains: every record tombstoned, children before parents.
-        for record in tree:
+        # 7. Nothing else it owned remains: every record it did not keep tombstoned, children
+        #    before parents.
+        for record in [root, *gone]:
             if record.phase != Phase.DELETED:
                 problems.append(f"{run}: {record} is {record.phase}")
-            parent = by_id.get(record.parent_id)
+            parent = owners.get(record.parent_id)
             if parent is not None and record.deleted_at and parent.deleted_at and record.deleted_at > parent.deleted_at:
                 problems.append(f"{run}: {record} was deleted after its owner {parent}")
 
-    # 8. Every record's life is legal: no transition from a phase it was not in, one deletion.
+        # 8. What it kept lives on the stand: ready, one object each, the zone due in an hour.
+        for record in kept:
+            if record.phase != Phase.READY or record.deletion_requested_at is not None:
+                problems.append(
+                    f"{run}: kept {record.name} is {record.phase} (deletion requested {record.deletion_requested_at})"
+                )
+            found = [p.name for p in objects_of(str(record.pk))]
+            if found != [record.outputs.get("object")]:
+                problems.append(f"{run}: kept {record.name} has the objects {found}, its record says {record.outputs}")
+        zone = by_name[kept_zone]
+        left = zone.expires_at - checked_at if zone.expires_at else None
+        if left is None or not KEEP_FOR - timedelta(minutes=10) < left <= KEEP_FOR:
+            problems.append(
+                f"{run}: kept {kept_zone} expires at {zone.expires_at}, {left} from now, not about {KEEP_FOR}"
+            )
+        kept_ids |= {r.pk for r in kept}
+        kept_zones.add(zone.pk)
+
+    # 9. The stand holds exactly the handed-off subtrees: the kept zones, and below them nothing
+    #    but what the runs declared there.
+    on_stand = list(Record.objects.filter(tree_id=stand.tree_id).exclude(phase=Phase.DELETED))
+    holdings = {r.pk for r in on_stand if r.parent_id == stand.pk}
+    if holdings != kept_zones or len(kept_zones) != RUNS:
+        extra = sorted(r.name for r in on_stand if r.pk in holdings - kept_zones)
+        problems.append(f"the stand holds {len(holdings)} subtrees, not the {RUNS} kept zones (others: {extra})")
+    if {r.pk for r in on_stand} != kept_ids | {stand.pk} or len(kept_ids) != RUNS * KEPT:
+        problems.append(f"the stand's tree holds {len(on_stand) - 1} live records, not the {RUNS * KEPT} kept")
+    if Record.objects.filter(kind="test.sleep", tree_id__in=tree_ids).count() != RUNS * (RECORDS - KEPT):
+        problems.append(f"the runs' trees do not hold exactly {RECORDS - KEPT} test.sleep records each")
+
+    # 10. Deleting the stand deletes all it holds, children first, objects and all.
+    stand_began = time.monotonic()
+    record_delete_request(record=stand, reason="ChaosCleanup")
+    on_stand_now = Record.objects.filter(tree_id=stand.tree_id)
+
+    def stand_deleted() -> bool:
+        if on_stand_now.exclude(phase=Phase.DELETED).exists():
+            return False
+        return not any(objects_of(str(pk)) for pk in kept_ids)
+
+    try:
+        _wait(
+            stand_deleted,
+            stand_began + CLEANUP_DEADLINE,
+            f"the stand's tree to be deleted ({kills})",
+            lambda: _report(on_stand_now.exclude(phase=Phase.DELETED)),
+            lambda: f"stand {_phases(on_stand_now)}",
+        )
+    except AssertionError as exc:
+        problems.append(str(exc))
+    stand_cleanup = time.monotonic() - stand_began
+    everything[stand.pk] = stand
+    after: dict[Any, Record] = {r.pk: r for r in Record.objects.filter(pk__in=[stand.pk, *kept_ids])}
+    for record in after.values():
+        if record.phase != Phase.DELETED:
+            problems.append(f"{record} (kept) is {record.phase} after the stand was deleted")
+        parent = after.get(record.parent_id)
+        if parent is not None and record.deleted_at and parent.deleted_at and record.deleted_at > parent.deleted_at:
+            problems.append(f"{record} (kept) was deleted after its owner {parent}")
+
+    # 11. Every record's life is legal: no transition from a phase it was not in, one deletion.
     problems += _life_problems(everything)
 
-    # 9. test.sleep never fails by itself: an error event means the machinery raced with itself
-    #    (say, a create and a delete of one record at the same time).
+    # 12. test.sleep never fails by itself: an error event means the machinery raced with itself
+    #     (say, a create and a delete of one record at the same time).
     errors = list(
         Event.objects.filter(record_id__in=list(everything), type=EventType.ERROR).values_list(
             "record__name", "reason", "message"
@@ -576,7 +700,7 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
     if errors:
         problems.append(f"{len(errors)} error events: {errors[:20]}")
 
-    # 10. No record ever had two objects, and no object of ours survives anywhere in the world.
+    # 13. No record ever had two objects, and no object of ours survives anywhere in the world.
     if monitor.duplicates:
         problems.append(f"records with two objects at once: {monitor.duplicates}")
     for record_id in everything:
@@ -585,8 +709,6 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
     new = {k: v for k, v in _world_objects(world).items() if k not in before}
     if new:
         problems.append(f"objects left in the world: {new}")
-    if Record.objects.filter(kind="test.sleep", tree_id__in=tree_ids).count() != RUNS * RECORDS:
-        problems.append("the runs' trees do not hold exactly 20 test.sleep records each")
     orphans = Event.objects.filter(type__in=[EventType.ORPHAN_DELETED, EventType.ORPHAN_DELETE_FAILED]).count()
     if orphans:
         problems.append(f"the sweeper had to delete {orphans} orphans")
@@ -598,7 +720,8 @@ def test_runs_survive_workers_killed_at_random(fleet: Fleet, beat: subprocess.Po
     ).count()
     attempts = Counter(r.attempt for r in runs)
     print(
-        f"{kills} runtime={elapsed:.1f}s adopted_creates={adopted} run_attempts={dict(sorted(attempts.items()))} "
+        f"{kills} runtime={elapsed:.1f}s kept_on_stand={len(kept_ids)} records ({len(kept_zones)} zones) "
+        f"stand_cleanup={stand_cleanup:.1f}s adopted_creates={adopted} run_attempts={dict(sorted(attempts.items()))} "
         f"step_reexecutions={sum(reexecuted.values())} audit={dict(audits)} world_scans={monitor.scans}\n"
         + "\n".join(killer.log),
         flush=True,
