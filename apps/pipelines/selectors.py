@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from apps.core.errors import NotFound, ValidationFailed
+from apps.core.errors import ValidationFailed
+from apps.core.selectors import get_by_uuid
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import JournalEntry, Pipeline, Run
 
@@ -22,14 +22,7 @@ def run_visible(*, user: User) -> QuerySet[Run]:
 
 
 def run_get(*, user: User, run_id: Any) -> Run:
-    try:
-        pk = uuid.UUID(str(run_id))
-    except ValueError:
-        raise NotFound(f"no run {run_id!r}: run ids are UUIDs") from None
-    try:
-        return run_visible(user=user).get(pk=pk)
-    except Run.DoesNotExist:
-        raise NotFound(f"no run {run_id}") from None
+    return get_by_uuid(run_visible(user=user), run_id, noun="run")
 
 
 def run_list(*, user: User, pipeline: str | None = None, statuses: list[str] | None = None) -> QuerySet[Run]:

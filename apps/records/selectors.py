@@ -4,7 +4,6 @@ namespaces will narrow it here and nowhere else)."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +11,8 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
 
-from apps.core.errors import NotFound, ValidationFailed
+from apps.core.errors import ValidationFailed
+from apps.core.selectors import get_by_uuid
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
 
@@ -26,14 +26,7 @@ def record_visible(*, user: User) -> QuerySet[Record]:
 
 
 def record_get(*, user: User, record_id: Any) -> Record:
-    try:
-        pk = uuid.UUID(str(record_id))
-    except ValueError:
-        raise NotFound(f"no record {record_id!r}: record ids are UUIDs") from None
-    try:
-        return record_visible(user=user).get(pk=pk)
-    except Record.DoesNotExist:
-        raise NotFound(f"no record {record_id}") from None
+    return get_by_uuid(record_visible(user=user), record_id, noun="record")
 
 
 def parse_label_selector(values: list[str]) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +19,16 @@ InputT = TypeVar("InputT", bound=BaseModel)
 OutputT = TypeVar("OutputT", bound="BaseModel | None")
 
 Concurrency = Literal["parallel", "queue", "cancel_previous"]
+
+
+@functools.cache
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
+
+
+def _json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON Schema, computed once per model (the server compares it on every start)."""
+    return copy.deepcopy(_model_schema(model))
 
 
 @dataclass(frozen=True)
@@ -39,10 +51,10 @@ class Pipeline(Generic[InputT, OutputT]):
         return f"{self.fn.__module__}:{self.fn.__qualname__}"
 
     def input_schema(self) -> dict[str, Any]:
-        return self.inputs.model_json_schema()
+        return _json_schema(self.inputs)
 
     def output_schema(self) -> dict[str, Any] | None:
-        return self.output.model_json_schema() if self.output is not None else None
+        return _json_schema(self.output) if self.output is not None else None
 
     def __call__(self, ctx: Context, inputs: InputT) -> OutputT:
         return self.fn(ctx, inputs)
