@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.http import StreamingHttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.pagination import Cursor
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -72,6 +77,44 @@ def _log_output(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+
+
+class EventStreamRenderer(BaseRenderer):
+    """Lets ``Accept: text/event-stream`` through content negotiation; errors render as JSON."""
+
+    media_type = "text/event-stream"
+    format = "event-stream"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        return json.dumps(data).encode()
+
+
+LOG_STREAM_POLL_SECONDS = 0.25
+LOG_STREAM_KEEPALIVE_SECONDS = 15.0
+
+
+async def _log_events(rows: Any, after: int) -> AsyncIterator[str]:
+    """New lines as they are stored, polled by id (the (record, id) index) a few times a second."""
+    yield "retry: 2000\n\n"
+
+    def fetch(after: int) -> list[dict[str, Any]]:
+        return list(rows.filter(id__gt=after).order_by("id")[:1000])
+
+    quiet_since = time.monotonic()
+    while True:
+        batch = await sync_to_async(fetch)(after)
+        for line in _log_output(batch):
+            yield f"id: {line['id']}\nevent: log\ndata: {json.dumps(line)}\n\n"
+            after = line["id"]
+        if batch:
+            quiet_since = time.monotonic()
+            if len(batch) == 1000:
+                continue
+        elif time.monotonic() - quiet_since >= LOG_STREAM_KEEPALIVE_SECONDS:
+            yield ": keep-alive\n\n"
+            quiet_since = time.monotonic()
+        await asyncio.sleep(LOG_STREAM_POLL_SECONDS)
 
 
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -261,6 +304,13 @@ class RecordViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
     def logs(self, request: Request, pk: str) -> Response:
         """The record's log lines (a run's include everything it declared), oldest first."""
+        rows = self._log_rows(request, pk)
+        if request.query_params.get("tail"):
+            return self._logs_tail(request, rows, _int_param(request, "tail", 0, 1, 10_000))
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(_log_output(page or []))
+
+    def _log_rows(self, request: Request, pk: str) -> Any:
         record = selectors.record_get(user=request.user, record_id=pk)
         lines = log_lines(
             record=record,
@@ -270,11 +320,37 @@ class RecordViewSet(viewsets.GenericViewSet):
             since=_datetime_param(request, "since"),
             until=_datetime_param(request, "until"),
         )
-        rows = lines.values(*_LOG_FIELDS)
-        if request.query_params.get("tail"):
-            return self._logs_tail(request, rows, _int_param(request, "tail", 0, 1, 10_000))
-        page = self.paginate_queryset(rows)
-        return self.get_paginated_response(_log_output(page or []))
+        return lines.values(*_LOG_FIELDS)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("grep", str, description="only lines containing this text (case-insensitive)"),
+            OpenApiParameter("severity", str, description="at least this severity: debug, info, warning, error"),
+            OpenApiParameter("descendants", bool, description="include the subtree's lines (default true)"),
+            OpenApiParameter("after", int, description="start after this line id (or the Last-Event-ID header)"),
+            OpenApiParameter("tail", int, description="start with the last N lines (default: from the first line)"),
+        ],
+        responses={(200, "text/event-stream"): str},
+    )
+    @action(detail=True, methods=["get"], url_path="logs/stream", renderer_classes=[EventStreamRenderer])
+    def logs_stream(self, request: Request, pk: str) -> StreamingHttpResponse:
+        """Follow the record's log live as server-sent events: one ``log`` event per line
+        (``id`` = the line id, ``data`` = the line as JSON), a comment as keep-alive every
+        15 s. Reconnecting clients resume after the ``Last-Event-ID`` they saw."""
+        rows = self._log_rows(request, pk)
+        after = _int_param(request, "after", 0, 0, 2**62)
+        last_event = request.headers.get("Last-Event-ID", "")
+        if last_event.isdigit():
+            after = max(after, int(last_event))
+        elif request.query_params.get("tail"):
+            newest = list(
+                rows.order_by("-id").values_list("id", flat=True)[: _int_param(request, "tail", 0, 1, 10_000)]
+            )
+            after = newest[-1] - 1 if newest else 0
+        response = StreamingHttpResponse(_log_events(rows, after), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # proxies (nginx) must not hold events back
+        return response
 
     def _logs_tail(self, request: Request, lines: Any, count: int) -> Response:
         """The last ``count`` lines, oldest first, and a cursor that continues after them."""
