@@ -62,8 +62,8 @@ demo: setup  ## start Graphene embedded, run examples/ end to end, print the res
 up: setup  ## serve Graphene embedded on http://127.0.0.1:8000 until Ctrl-C (data in .graphene/)
 	$(VENV)/bin/graphene up
 
-test: setup  ## the whole test suite (needs PostgreSQL on 127.0.0.1:5432 and Redis on 6379)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: setup  ## the whole test suite, the crash test included (needs PostgreSQL on :5432, Redis on :6379)
+	$(PY) -m pytest -m "chaos or not chaos" $(PYTEST_ARGS)
 
 lint: setup  ## formatting, lint rules, types, Django's deploy checks, missing migrations
 	$(VENV)/bin/ruff format --check .
