@@ -46,7 +46,6 @@ ALLOWED_HOSTS = env.csv("GRAPHENE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[:
 CSRF_TRUSTED_ORIGINS = env.csv("GRAPHENE_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
