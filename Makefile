@@ -21,6 +21,7 @@ STAMP := $(VENV)/.setup-$(shell cat $(SETUP_INPUTS) 2>/dev/null | sha256sum | cu
 # judges it as it would a real one.
 LINT_PROD_ENV := DJANGO_SETTINGS_MODULE=graphene_project.settings.prod \
 	GRAPHENE_SECRET_KEY=lint-only-Zq8vN3kR7wT1yB5mC9xE2hJ6pL4sD0fG8aU3iO7eW1rY5tQ9 \
+	GRAPHENE_SECRETS_KEY=lint-only-secrets-key-not-secret \
 	GRAPHENE_DATABASE_URL=postgresql://graphene:lint@127.0.0.1:5432/graphene \
 	GRAPHENE_BROKER_URL=redis://127.0.0.1:6379/0 \
 	GRAPHENE_CHANNEL_LAYER_URL=redis://127.0.0.1:6379/1 \

@@ -23,7 +23,13 @@ from django.test import Client
 
 REPO = Path(__file__).resolve().parent.parent
 # What production settings require (prod.py refuses to boot without each).
-PROD_REQUIRED = ("GRAPHENE_SECRET_KEY", "GRAPHENE_DATABASE_URL", "GRAPHENE_BROKER_URL", "GRAPHENE_CHANNEL_LAYER_URL")
+PROD_REQUIRED = (
+    "GRAPHENE_SECRET_KEY",
+    "GRAPHENE_DATABASE_URL",
+    "GRAPHENE_BROKER_URL",
+    "GRAPHENE_CHANNEL_LAYER_URL",
+    "GRAPHENE_SECRETS_KEY",
+)
 UNREACHABLE_DB = "postgresql://postgres@127.0.0.1:1/nope"
 UNREACHABLE_BROKER = "redis://127.0.0.1:1/0"
 START_DEADLINE = 20.0
@@ -58,6 +64,7 @@ def prod_env(tmp_path: Path, **overrides: str) -> dict[str, str]:
         "GRAPHENE_DATABASE_URL": reachable_database_url(),
         "GRAPHENE_BROKER_URL": settings.CELERY_BROKER_URL,
         "GRAPHENE_CHANNEL_LAYER_URL": "redis://127.0.0.1:6379/13",
+        "GRAPHENE_SECRETS_KEY": "test-only-secrets-key-not-secret",
     }
     values.update(overrides)
     return clean_env(tmp_path, **{k: v for k, v in values.items() if v})

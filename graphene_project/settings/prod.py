@@ -10,6 +10,11 @@ env.required("GRAPHENE_SECRET_KEY", "production needs a long random secret key")
 env.required("GRAPHENE_DATABASE_URL", "production needs PostgreSQL, e.g. postgresql://graphene:pw@db:5432/graphene")
 env.required("GRAPHENE_BROKER_URL", "production needs a broker, e.g. redis://redis:6379/0")
 env.required("GRAPHENE_CHANNEL_LAYER_URL", "production needs a Redis channel layer, e.g. redis://redis:6379/1")
+env.required(
+    "GRAPHENE_SECRETS_KEY",
+    "production needs a key for the secret store (apps.secrets), separate from GRAPHENE_SECRET_KEY, e.g. "
+    "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'",
+)
 
 from graphene_project.settings.base import *  # noqa: E402, F403
 

@@ -18,6 +18,7 @@ from graphene_sdk._errors import (
     StepTimeout,
 )
 from graphene_sdk._pipeline import Pipeline, pipeline, registered
+from graphene_sdk._secrets import SecretRef
 
 __all__ = [
     "Agent",
@@ -38,6 +39,7 @@ __all__ = [
     "RunCancelled",
     "RunHandle",
     "RunInfo",
+    "SecretRef",
     "StepFailed",
     "StepTimeout",
     "pipeline",

@@ -23,6 +23,7 @@ from rest_framework.authtoken.models import Token
 from apps.agents import services
 from apps.agents.models import AgentCommand
 from apps.records.models import Record
+from tests.agents.sshd import SSHServer
 from tests.conftest import REPO, process_env, wait_for
 
 CHANNEL_LAYER_URL = os.environ.get("GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL", "redis://127.0.0.1:6379/13")
@@ -282,3 +283,11 @@ def operator(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="operator", password="pw")
     user.user_permissions.add(Permission.objects.get(codename="add_agentcommand", content_type__app_label="agents"))
     return Token.objects.create(user=user).key
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[SSHServer]:
+    """A real OpenSSH server on loopback; agents installed through it are killed at the end."""
+    server = SSHServer(tmp_path / "sshd").start()
+    yield server
+    server.stop()

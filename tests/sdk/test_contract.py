@@ -37,6 +37,7 @@ def test_exported_names_are_pinned() -> None:
         "RunCancelled",
         "RunHandle",
         "RunInfo",
+        "SecretRef",
         "StepFailed",
         "StepTimeout",
         "pipeline",

@@ -1,0 +1,52 @@
+"""Secrets over REST: shapes in and out. There is no output field for the value, by construction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.secrets.models import Secret
+
+
+class _Strict(serializers.Serializer[Any]):
+    """Refuses fields it does not know (a typo such as ``vaule`` must not store an empty secret)."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return attrs
+
+
+class _Text(serializers.CharField):
+    """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True")."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        # Never trimmed: a private key's final newline is part of it. Emptiness and size are
+        # checked by the service, so the SDK and the API refuse the same things alike.
+        super().__init__(trim_whitespace=False, allow_blank=True, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class SecretCreateInput(_Strict):
+    name = _Text()
+    value = _Text(write_only=True)
+
+
+class SecretReplaceInput(_Strict):
+    value = _Text(write_only=True)
+
+
+class SecretOutput(serializers.ModelSerializer[Secret]):
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    updated_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Secret
+        fields = ["name", "namespace", "created_at", "updated_at", "created_by", "updated_by", "key_id"]
+        read_only_fields = fields

@@ -1,0 +1,66 @@
+"""Secrets over REST: thin views — input serializer, selector, one service call, output (names only)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status, viewsets
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.secrets import selectors, services
+from apps.secrets.api.serializers import SecretCreateInput, SecretOutput, SecretReplaceInput
+from apps.secrets.models import Secret
+
+
+class ByName(CursorPagination):
+    ordering = ("name",)
+    page_size = 100
+    page_size_query_param = "limit"
+    max_page_size = 1000
+
+
+class SecretViewSet(viewsets.GenericViewSet[Secret]):
+    """Named secrets, encrypted at rest. Values go in (POST, PUT) and never come out."""
+
+    serializer_class = SecretOutput
+    pagination_class = ByName
+    queryset = Secret.objects.none()
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+
+    @extend_schema(responses=SecretOutput(many=True))
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(selectors.secret_list(user=request.user))
+        return self.get_paginated_response(SecretOutput(page, many=True).data)
+
+    @extend_schema(responses=SecretOutput)
+    def retrieve(self, request: Request, name: str) -> Response:
+        return Response(SecretOutput(selectors.secret_get(user=request.user, name=name)).data)
+
+    @extend_schema(request=SecretCreateInput, responses={201: SecretOutput})
+    def create(self, request: Request) -> Response:
+        """Store a new secret (409 if the name is taken: replace it with PUT)."""
+        selectors.secret_check_permission(user=request.user, action="add")
+        data = SecretCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        secret = services.secret_create(
+            name=data.validated_data["name"], value=data.validated_data["value"], actor=request.user
+        )
+        return Response(SecretOutput(secret).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=SecretReplaceInput, responses={200: SecretOutput, 201: SecretOutput})
+    def update(self, request: Request, name: str) -> Response:
+        """Store or replace the value of ``name`` (201 when it was created)."""
+        selectors.secret_check_permission(user=request.user, action="change")
+        selectors.secret_check_permission(user=request.user, action="add")
+        data = SecretReplaceInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        secret, created = services.secret_set(name=name, value=data.validated_data["value"], actor=request.user)
+        return Response(SecretOutput(secret).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, name: str) -> Response:
+        selectors.secret_check_permission(user=request.user, action="delete")
+        services.secret_delete(name=name, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)

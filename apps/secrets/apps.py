@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class SecretsConfig(AppConfig):
+    name = "apps.secrets"
+    label = "secrets"
+    verbose_name = "Secrets"

@@ -1,0 +1,149 @@
+"""Every write of the secret store, and the one place a value is decrypted (``secret_resolve``).
+
+Invariant I7: values never enter specs, journals, events, logs or traces. Services here take
+a value in and store only its ciphertext; what they log and raise names the secret, never its
+value. ``secret_resolve`` is called where a value is used (an SSH install, a kind), on the
+server, and its result must not be written anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import IntegrityError, transaction
+from graphene_sdk._secrets import SECRET_REF_KEY, secret_name_error, secret_ref_name
+
+from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.secrets import crypto
+from apps.secrets.models import Secret
+
+logger = logging.getLogger(__name__)
+
+Actor = AbstractBaseUser | AnonymousUser | None
+DEFAULT_NAMESPACE = "default"
+# A secret is a key, a token or a password, not a file store: 64 KiB of UTF-8.
+MAX_VALUE_BYTES = 64 * 1024
+
+
+class SecretNotFound(NotFound):
+    """A secret named in a pipeline or a spec does not exist (yet)."""
+
+    code = "secret_not_found"
+
+
+def _actor_id(actor: Actor) -> Any:
+    return actor.pk if actor is not None and actor.is_authenticated else None
+
+
+def secret_name_validate(name: Any) -> str:
+    error = secret_name_error(name)
+    if error is not None:
+        raise ValidationFailed(f"name: {error}", fields={"name": [error]})
+    assert isinstance(name, str)
+    return name
+
+
+def secret_value_validate(value: Any) -> str:
+    if not isinstance(value, str):
+        message = f"must be a string, not {type(value).__name__}"
+        raise ValidationFailed(f"value: {message}", fields={"value": [message]})
+    if value == "":
+        raise ValidationFailed("value: must not be empty", fields={"value": ["must not be empty"]})
+    size = len(value.encode("utf-8"))
+    if size > MAX_VALUE_BYTES:
+        message = f"is {size} bytes; a secret holds at most {MAX_VALUE_BYTES} bytes (UTF-8)"
+        raise ValidationFailed(f"value: {message}", fields={"value": [message]})
+    return value
+
+
+def how_to_create(name: str) -> str:
+    return (
+        f'create it with POST /api/v1/secrets/ {{"name": "{name}", "value": "..."}} '
+        f'or PUT /api/v1/secrets/{name}/ {{"value": "..."}}'
+    )
+
+
+def secret_create(*, name: str, value: str, namespace: str = DEFAULT_NAMESPACE, actor: Actor = None) -> Secret:
+    """Store a new secret; ``Conflict`` if one with that name exists (replace it with ``secret_set``)."""
+    name = secret_name_validate(name)
+    value = secret_value_validate(value)
+    ciphertext, key_id = crypto.encrypt(namespace=namespace, name=name, value=value)
+    try:
+        with transaction.atomic():
+            secret = Secret.objects.create(
+                namespace=namespace,
+                name=name,
+                ciphertext=ciphertext,
+                key_id=key_id,
+                created_by_id=_actor_id(actor),
+                updated_by_id=_actor_id(actor),
+            )
+    except IntegrityError:
+        raise Conflict(
+            f"secret {name!r} already exists; replace its value with PUT /api/v1/secrets/{name}/",
+            fields={"name": ["already exists"]},
+        ) from None
+    logger.info("secret %s/%s created by %s", namespace, name, _actor_id(actor))
+    return secret
+
+
+def secret_set(
+    *, name: str, value: str, namespace: str = DEFAULT_NAMESPACE, actor: Actor = None
+) -> tuple[Secret, bool]:
+    """Create the secret or replace its value; returns ``(secret, created)``."""
+    name = secret_name_validate(name)
+    value = secret_value_validate(value)
+    ciphertext, key_id = crypto.encrypt(namespace=namespace, name=name, value=value)
+    for _ in range(2):  # a concurrent create of the same name wins the insert: then replace
+        with transaction.atomic():
+            secret = Secret.objects.select_for_update().filter(namespace=namespace, name=name).first()
+            if secret is not None:
+                secret.ciphertext = ciphertext
+                secret.key_id = key_id
+                secret.updated_by_id = _actor_id(actor)
+                secret.save(update_fields=["ciphertext", "key_id", "updated_by", "updated_at"])
+                logger.info("secret %s/%s replaced by %s", namespace, name, _actor_id(actor))
+                return secret, False
+        try:
+            return secret_create(name=name, value=value, namespace=namespace, actor=actor), True
+        except Conflict:
+            continue
+    raise Conflict(f"secret {name!r} is being written concurrently; try again")
+
+
+def secret_delete(*, name: str, namespace: str = DEFAULT_NAMESPACE, actor: Actor = None) -> None:
+    """Delete a secret. Pipelines that still name it fail at their next use, saying so."""
+    deleted, _ = Secret.objects.filter(namespace=namespace, name=name).delete()
+    if not deleted:
+        raise SecretNotFound(f"no secret {name!r}")
+    logger.info("secret %s/%s deleted by %s", namespace, name, _actor_id(actor))
+
+
+def secret_resolve(*, name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """The value of secret ``name``, for use right here. Never store, log or journal it."""
+    error = secret_name_error(name)
+    if error is not None:
+        raise ValidationFailed(f"secret name {error}", fields={"name": [error]})
+    row = Secret.objects.filter(namespace=namespace, name=name).values_list("ciphertext", flat=True).first()
+    if row is None:
+        raise SecretNotFound(f"secret {name!r} does not exist (namespace {namespace!r}); {how_to_create(name)}")
+    return crypto.decrypt(namespace=namespace, name=name, ciphertext=row)
+
+
+def secret_refs_resolve(value: Any, *, namespace: str = DEFAULT_NAMESPACE) -> Any:
+    """A copy of ``value`` (e.g. a record's spec) with each ``{"$secret": name}`` replaced by the value.
+
+    For kinds, at the point of use: the record keeps the reference, the copy is used and dropped.
+    """
+    name = secret_ref_name(value)
+    if name is not None:
+        return secret_resolve(name=name, namespace=namespace)
+    if isinstance(value, dict):
+        if SECRET_REF_KEY in value:
+            raise ValidationFailed(f"{SECRET_REF_KEY} must be the only key of a secret reference, with a name")
+        return {key: secret_refs_resolve(item, namespace=namespace) for key, item in value.items()}
+    if isinstance(value, list):
+        return [secret_refs_resolve(item, namespace=namespace) for item in value]
+    return value
