@@ -10,7 +10,7 @@ Phase. The record is ``ready`` while its agent is connected: the hello moves it 
 (through ``creating`` when it was never ready); a disconnect sets the ``Connected`` condition
 to false at once, and a disconnection that outlives ``GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS``
 turns it ``drifted`` (a reconnect makes it ``ready`` again). Moves go through the records
-app's ``_transition``, the one place that checks them and writes their events.
+app's ``record_transition``, the one place that checks them and writes their events.
 
 Commands. A command is a row, stored before it is sent; the socket is only delivery. The
 consumer of the agent's connection is told "there is work" through the channel layer (group
@@ -42,10 +42,11 @@ from apps.agents.choices import IN_FLIGHT, OPEN, TERMINAL, TRANSITIONS, CommandK
 from apps.agents.models import Agent, AgentCommand, AgentToken
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
+from apps.observability import hooks as observability  # observability: command spans (issue 8)
 from apps.observability.models import LogLine
 from apps.records import services as records
 from apps.records.choices import EventType, Phase
-from apps.records.models import Event, Record
+from apps.records.models import Record
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +104,7 @@ def _now() -> datetime:
 
 
 def _record_event(record_id: Any, type: str, *, reason: str, message: str, data: dict[str, Any] | None = None) -> None:
-    Event.objects.create(
-        record_id=record_id, type=type, reason=reason, message=message, data=data or {}, created_at=_now()
-    )
-    publish_on_commit("records", {"event": "records.changed", "ids": [str(record_id)]})
+    records.record_event_write(record_id, type, reason=reason, message=message, data=data)
 
 
 def _set_condition(
@@ -166,11 +164,24 @@ def agent_declare(
 
     bundle = agent_bundle()  # built before the transaction: file work, not database work
     with transaction.atomic():
-        record = records.record_declare(kind=AGENT_KIND, name=name, owner=owner, spec={}, labels=labels, actor=actor)
-        Agent.objects.get_or_create(record=record)
+        record = agent_record_declare(owner=owner, name=name, labels=labels, actor=actor)
         token = agent_bootstrap_issue(record=record, ttl=bootstrap_ttl)
     script = agent_install_script(record=record, bootstrap_token=token, server_url=server_url, pyz_sha256=bundle.sha256)
     return AgentInstall(record=record, bootstrap_token=token, install_script=script)
+
+
+def agent_record_declare(
+    *, owner: Record, name: str, labels: dict[str, str] | None = None, actor: records.Actor = None
+) -> Record:
+    """Declare the agent record under ``owner`` (idempotent) without issuing a token.
+
+    For installs that issue their own token when they really install (``ssh_install``), so
+    that a replayed declaration leaves no unused bootstrap token behind.
+    """
+    with transaction.atomic():
+        record = records.record_declare(kind=AGENT_KIND, name=name, owner=owner, spec={}, labels=labels, actor=actor)
+        Agent.objects.get_or_create(record=record)
+    return record
 
 
 def agent_bootstrap_issue(*, record: Record, ttl: timedelta | None = None) -> str:
@@ -396,9 +407,9 @@ def agent_connect(
             "observed_generation": record.generation,
         }
         if record.phase in (Phase.PENDING, Phase.CREATE_FAILED):
-            records._transition([record], Phase.CREATING, reason="Connected", message="the agent connected")
+            records.record_transition([record], Phase.CREATING, reason="Connected", message="the agent connected")
         if record.phase != Phase.READY:
-            records._transition(
+            records.record_transition(
                 [record], Phase.READY, reason="Connected", message="the agent said hello", fields=fields
             )
         else:
@@ -455,7 +466,7 @@ def agents_mark_lost(*, now: datetime | None = None) -> int:
                 record.conditions, "Connected", False, reason="Lost", message=f"no reconnect since {since}"
             )
             if record.phase == Phase.READY and record.deletion_requested_at is None:
-                records._transition(
+                records.record_transition(
                     [record],
                     Phase.DRIFTED,
                     reason="AgentLost",
@@ -799,6 +810,7 @@ def _command_finish_row(
     for name, value in fields.items():
         setattr(command, name, value)
     AgentCommand.objects.filter(pk=command.pk).update(**fields)
+    observability.command_finished(command)  # observability: the command's span, in this transaction
     publish_on_commit(
         "agents", {"event": "agent.command.changed", "id": str(command.pk), "agent": str(command.agent_id)}
     )

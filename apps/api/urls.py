@@ -8,6 +8,7 @@ from apps.api.views import WhoAmI
 from apps.pipelines.api.stands import StandViewSet
 from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
+from apps.secrets.api.views import SecretViewSet
 
 router = DefaultRouter()
 router.register("records", RecordViewSet, basename="record")
@@ -17,5 +18,6 @@ router.register("pipelines", PipelineViewSet, basename="pipeline")
 router.register("runs", RunViewSet, basename="run")
 router.register("stands", StandViewSet, basename="stand")
 router.register("agents", AgentViewSet, basename="agent")
+router.register("secrets", SecretViewSet, basename="secret")
 
 urlpatterns = [path("whoami/", WhoAmI.as_view(), name="whoami"), *router.urls]

@@ -1,14 +1,24 @@
-"""Reads of logs: a record's lines, or a whole subtree's (a run's view includes its records')."""
+"""Reads of observability data: a record's (or subtree's) log lines, a record's metric series
+aggregated per step, and a run's trace as a span tree."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from apps.core.errors import ValidationFailed
-from apps.observability.models import LogLine
-from apps.observability.services import SEVERITIES
+from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
+from apps.observability.services import METRIC_NAME, SEVERITIES
+from apps.observability.tracing import run_span_id, trace_id_of
+from apps.pipelines.choices import RunStatus
+from apps.pipelines.models import Run
 from apps.records.models import Record
 
 
@@ -39,3 +49,279 @@ def log_lines(
     if until:
         qs = qs.filter(at__lt=until)
     return qs.select_related("record").order_by("id")
+
+
+# --- metric series ----------------------------------------------------------------------------
+
+_UNITS = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
+_PART = re.compile(r"(\d+)([wdhms])")
+# Buckets one series may return (Prometheus refuses more than 11,000 points per series too).
+MAX_POINTS = 11_000
+# Buckets when the step is not given: the default step (60 s) grows to stay below this.
+DEFAULT_POINTS = 1_000
+DEFAULT_WINDOW = 3_600
+DEFAULT_STEP = 60
+MAX_WINDOW = 366 * 86_400
+MAX_SERIES = 500
+
+
+def parse_duration(text: str, *, param: str) -> int:
+    """Whole seconds in ``90s``, ``15m``, ``1h30m``, ``1d``, ``1w`` or a bare number of seconds."""
+    raw = text.strip().lower()
+    if raw.isdigit():
+        seconds = int(raw)
+    else:
+        parts = _PART.findall(raw)
+        if not parts or "".join(n + u for n, u in parts) != raw:
+            raise ValidationFailed(
+                f"{param}={text!r} is not a duration; write it like 90s, 15m, 1h, 1h30m or 7d",
+                fields={param: ["not a duration (90s, 15m, 1h, 1h30m, 7d)"]},
+            )
+        seconds = sum(int(n) * _UNITS[u] for n, u in parts)
+    if seconds < 1:
+        raise ValidationFailed(f"{param} must be at least 1s", fields={param: ["must be at least 1s"]})
+    return seconds
+
+
+@dataclass(frozen=True)
+class SeriesQuery:
+    """A validated request for a record's series: ``window`` seconds up to ``end``, per ``step``."""
+
+    name: str | None
+    window: int
+    step: int
+    end: datetime
+
+    @property
+    def start(self) -> datetime:
+        return self.end - timedelta(seconds=self.window)
+
+
+def series_query(
+    *, name: str | None, window: str | None, step: str | None, end: datetime | None, now: datetime
+) -> SeriesQuery:
+    """Check and complete the parameters (400 with field errors, never a guess)."""
+    if name is not None and not METRIC_NAME.fullmatch(name):
+        raise ValidationFailed(f"name={name!r} is not a metric name", fields={"name": ["not a metric name"]})
+    window_s = parse_duration(window, param="window") if window else DEFAULT_WINDOW
+    if window_s > MAX_WINDOW:
+        raise ValidationFailed(
+            f"window must be at most {MAX_WINDOW // 86_400}d", fields={"window": [f"at most {MAX_WINDOW // 86_400}d"]}
+        )
+    if step:
+        step_s = parse_duration(step, param="step")
+        if window_s / step_s > MAX_POINTS:
+            raise ValidationFailed(
+                f"window {window_s}s / step {step_s}s is more than {MAX_POINTS} points per series; use a larger step",
+                fields={"step": [f"at most {MAX_POINTS} points per series"]},
+            )
+    else:
+        step_s = max(DEFAULT_STEP, -(-window_s // DEFAULT_POINTS))
+    if step_s > window_s:
+        raise ValidationFailed(
+            f"step {step_s}s is longer than the window {window_s}s", fields={"step": ["longer than the window"]}
+        )
+    return SeriesQuery(name=name, window=window_s, step=step_s, end=end or now)
+
+
+def metric_names(*, record: Record) -> list[str]:
+    """The names of the record's series (within retention), one index seek per name."""
+    sql = (
+        "WITH RECURSIVE names(name) AS ("
+        " SELECT (SELECT name FROM observability_metricpoint WHERE record_id = %s ORDER BY name LIMIT 1)"
+        " UNION ALL"
+        " SELECT (SELECT m.name FROM observability_metricpoint m WHERE m.record_id = %s AND m.name > names.name"
+        "  ORDER BY m.name LIMIT 1) FROM names WHERE names.name IS NOT NULL"
+        ") SELECT name FROM names WHERE name IS NOT NULL"
+    )
+    pk = _record_param(record.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [pk, pk])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _record_param(pk: Any) -> Any:
+    return MetricPoint._meta.get_field("record").get_db_prep_value(uuid.UUID(str(pk)), connection)
+
+
+def _bucket_sql() -> tuple[str, str]:
+    """(bucket start as epoch seconds, labels as text) in this database's SQL."""
+    if connection.vendor == "postgresql":
+        return (
+            "EXTRACT(EPOCH FROM date_bin(%s * INTERVAL '1 second', at, TIMESTAMPTZ '1970-01-01 00:00:00+00'))",
+            "labels::text",
+        )
+    # SQLite (embedded): datetimes are UTC text; whole seconds suffice as steps are whole seconds.
+    return "(CAST(strftime('%%s', at) AS INTEGER) / %s) * %s", "labels"
+
+
+def metric_series(*, record: Record, query: SeriesQuery) -> dict[str, Any]:
+    """The record's series in the window, aggregated per step in SQL: for each bucket (aligned
+    to multiples of ``step`` since the Unix epoch) count, avg, min, max and the last value.
+    Only buckets with points are returned."""
+    names = metric_names(record=record)
+    wanted = [query.name] if query.name else names
+    body: dict[str, Any] = {
+        "record": str(record.pk),
+        "name": query.name,
+        "start": query.start.isoformat(),
+        "end": query.end.isoformat(),
+        "window_seconds": query.window,
+        "step_seconds": query.step,
+        "names": names,
+        "series": [],
+        "truncated": False,
+    }
+    if not wanted:
+        return body
+    bucket, labels = _bucket_sql()
+    bucket_params: list[Any] = [query.step] if connection.vendor == "postgresql" else [query.step, query.step]
+    in_list = ", ".join(["%s"] * len(wanted))
+    sql = (
+        # The formatted parts are constant SQL and placeholders; every value goes as a parameter.
+        "SELECT name, labels, bucket, COUNT(*), AVG(value), MIN(value), MAX(value),"  # noqa: S608
+        " MAX(CASE WHEN rn = 1 THEN value END) FROM ("
+        "  SELECT b.name, b.labels, b.value, b.bucket,"
+        "   ROW_NUMBER() OVER (PARTITION BY b.name, b.labels, b.bucket ORDER BY b.at DESC, b.id DESC) AS rn"
+        f"  FROM (SELECT id, name, {labels} AS labels, value, at, {bucket} AS bucket"
+        "   FROM observability_metricpoint"
+        f"   WHERE record_id = %s AND name IN ({in_list}) AND at >= %s AND at < %s) b"
+        ") p GROUP BY name, labels, bucket ORDER BY name, labels, bucket"
+    )
+    params = [
+        *bucket_params,
+        _record_param(record.pk),
+        *wanted,
+        connection.ops.adapt_datetimefield_value(query.start),
+        connection.ops.adapt_datetimefield_value(query.end),
+    ]
+    series: dict[tuple[str, str], dict[str, Any]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for name, raw_labels, start, count, avg, low, high, last in cursor.fetchall():
+            key = (name, raw_labels or "")
+            if key not in series:
+                if len(series) >= MAX_SERIES:
+                    body["truncated"] = True
+                    break
+                decoded = json.loads(raw_labels) if isinstance(raw_labels, str) and raw_labels else raw_labels
+                series[key] = {"name": name, "labels": decoded or {}, "points": []}
+            series[key]["points"].append(
+                {
+                    "at": datetime.fromtimestamp(int(start), tz=UTC).isoformat(),
+                    "count": int(count),
+                    "avg": float(avg),
+                    "min": float(low),
+                    "max": float(high),
+                    "last": float(last),
+                }
+            )
+    body["series"] = list(series.values())
+    return body
+
+
+# --- traces -----------------------------------------------------------------------------------
+
+MAX_SPANS = 10_000
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _duration_ms(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start).total_seconds() * 1000, 3)
+
+
+def _node(span: Span) -> dict[str, Any]:
+    return {
+        "trace_id": span.trace_id,
+        "span_id": span.span_id,
+        "parent_span_id": span.parent_span_id or None,
+        "name": span.name,
+        "record": str(span.record_id) if span.record_id else None,
+        "run": str(span.run_id) if span.run_id else None,
+        "started_at": _iso(span.started_at),
+        "ended_at": _iso(span.ended_at),
+        "duration_ms": _duration_ms(span.started_at, span.ended_at),
+        "status": span.status,
+        "status_message": span.status_message,
+        "attributes": span.attributes,
+        "children": [],
+    }
+
+
+def _run_status(run: Run) -> tuple[str, str]:
+    error_line = (run.error or "").strip().splitlines()[-1:] or [""]
+    if run.status == RunStatus.SUCCEEDED:
+        return SpanStatus.OK, ""
+    if run.status in (RunStatus.FAILED, RunStatus.TIMED_OUT):
+        return SpanStatus.ERROR, error_line[0][:500] or run.status
+    if run.status == RunStatus.CANCELLED:
+        return SpanStatus.UNSET, error_line[0][:500]
+    return SpanStatus.UNSET, ""
+
+
+def _run_node(run: Run, *, parent_span_id: str | None) -> dict[str, Any]:
+    """A run as a span, built from its row (so it is right however the run ended)."""
+    status, status_message = _run_status(run)
+    return {
+        "trace_id": trace_id_of(run.pk),
+        "span_id": run_span_id(run.pk),
+        "parent_span_id": parent_span_id,
+        "name": f"run {run.pipeline.name}#{run.number}",
+        "record": str(run.record_id) if run.record_id else None,
+        "run": str(run.pk),
+        "started_at": _iso(run.created_at),
+        "ended_at": _iso(run.finished_at),
+        "duration_ms": _duration_ms(run.created_at, run.finished_at),
+        "status": status,
+        "status_message": status_message,
+        "attributes": {
+            "graphene.pipeline": run.pipeline.name,
+            "graphene.run.number": run.number,
+            "graphene.run.status": run.status,
+            "graphene.run.attempts": run.attempt,
+            "graphene.run.first_started_at": _iso(run.started_at),
+        },
+        "children": [],
+    }
+
+
+def run_trace(*, run: Run, limit: int = MAX_SPANS) -> dict[str, Any]:
+    """The run's trace as a tree: the run (root), its execution attempts, steps, convergences,
+    deletions and agent commands, children in start order; child runs appear as spans that
+    name their own trace. A span whose parent is missing (not yet written, or lost with a
+    killed worker) hangs under the root."""
+    trace_id = trace_id_of(run.pk)
+    rows = list(Span.objects.filter(trace_id=trace_id).order_by("started_at", "id")[: limit + 1])
+    truncated = len(rows) > limit
+    rows = rows[:limit]
+    root = _run_node(run, parent_span_id=None)
+    nodes = [_node(span) for span in rows]
+    children_runs = Run.objects.filter(parent_run=run).select_related("pipeline").order_by("group", "group_index")
+    nodes.extend(_run_node(child, parent_span_id=root["span_id"]) for child in children_runs)
+    by_id = {root["span_id"]: root}
+    for node in nodes:
+        by_id.setdefault(node["span_id"], node)
+    for node in nodes:
+        parent = by_id.get(node["parent_span_id"] or "") if node["parent_span_id"] != node["span_id"] else None
+        (parent or root)["children"].append(node)
+
+    def order(node: dict[str, Any]) -> None:
+        node["children"].sort(key=lambda n: (n["started_at"] or "", n["name"]))
+        for child in node["children"]:
+            order(child)
+
+    order(root)
+    errors = sum(1 for n in [root, *nodes] if n["status"] == SpanStatus.ERROR)
+    return {
+        "run": str(run.pk),
+        "trace_id": trace_id,
+        "span_count": len(nodes) + 1,
+        "errors": errors,
+        "truncated": truncated,
+        "root": root,
+    }

@@ -27,6 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from graphene_sdk import (
@@ -45,6 +46,7 @@ from pydantic import BaseModel
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agents
 from apps.core.errors import GrapheneError as ServiceError
+from apps.observability import hooks as observability  # observability: spans and step metrics (issue 8)
 from apps.observability.services import log_write
 from apps.pipelines import services
 from apps.pipelines.choices import TERMINAL, EntryStatus, RunStatus
@@ -61,12 +63,25 @@ READY_PHASES = frozenset({Phase.READY, Phase.DRIFTED})
 
 
 class _Suspend(BaseException):
-    """Unwinds the pipeline function to release the worker (not catchable as Exception)."""
+    """Unwinds the pipeline function to release the worker (not catchable as Exception).
 
-    def __init__(self, *, waiting_on: list[str] | None = None, wake_at: datetime | None = None) -> None:
+    By default the run resumes when a target in ``waiting_on`` settles. ``until`` replaces
+    that test for waits on something more specific than "settled" (an agent record that gave
+    up creating stays settled until its agent connects): the run is still woken by the
+    targets' transitions, and goes again at once only if ``until()`` already holds.
+    """
+
+    def __init__(
+        self,
+        *,
+        waiting_on: list[str] | None = None,
+        wake_at: datetime | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__("suspend")
         self.waiting_on = waiting_on or []
         self.wake_at = wake_at
+        self.until = until
 
 
 class _Fenced(BaseException):
@@ -106,6 +121,7 @@ class Execution:
         self.divergence: NonDeterminismError | None = None
         self.lost = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
+        self.telemetry = observability.RunTelemetry(run)  # observability: buffered, written in batches
 
     # --- journal -----------------------------------------------------------------------------
 
@@ -188,6 +204,7 @@ class Execution:
         labels: Mapping[str, str],
         parent: str | None,
         children: Sequence[str] = (),
+        drift: Mapping[str, Any] | None = None,
     ) -> str:
         call = f"declare {kind}/{name}" + (f" under {parent}" if parent else "")
         if children:
@@ -206,7 +223,15 @@ class Execution:
             try:
                 owner = self._owner(parent, run)
                 owned = [self._owned(child, run) for child in children]
-                record = records.record_declare(kind=kind, name=name, owner=owner, spec=dict(spec), labels=dict(labels))
+                record = records.record_declare(
+                    kind=kind,
+                    name=name,
+                    owner=owner,
+                    spec=dict(spec),
+                    labels=dict(labels),
+                    drift_policy=(drift or {}).get("on_drift", "heal"),
+                    observe_every=(drift or {}).get("reconcile_every"),
+                )
                 for child in owned:
                     records.record_transfer(record=child, new_owner=record, given_by=child.parent)
             except (ServiceError, ResourceFailed) as exc:
@@ -404,6 +429,109 @@ class Execution:
             return agents.agent_env_file(record=record, bootstrap_token=token)
         return agents.agent_install_script(record=record, bootstrap_token=token)
 
+    def agent_via_ssh(self, name: str, labels: Mapping[str, str], target: Mapping[str, Any]) -> str:
+        """Declare an agent record, install the agent over SSH, wait until it has connected.
+
+        One journal entry carries the whole call. It is written ``started`` with the record
+        (one transaction, I1) before anything touches the machine, and holds only names and
+        public data: the target, the key's *secret name*, the host key's fingerprint (I7).
+        The install itself is an at-least-once, idempotent operation (``ssh_install``): a
+        replay after a crash runs it again and it finds the agent running, so nothing is
+        installed twice. Once it has succeeded the entry notes so and the run suspends until
+        the record is ready (the agent said hello) or the connect deadline passes. An
+        unreachable host is retried on durable timers; a host key mismatch, a refused key or
+        a missing secret fail the call at once.
+        """
+        from apps.agents import ssh_install
+
+        call = f"agent_via_ssh {name}"
+        entry = self._next(call)
+        seq = self.seq
+        label = f"agent/{name}"
+        if entry is not None and entry.status == EntryStatus.COMPLETED:
+            return str(_result(entry)["record_id"])
+        if entry is not None and entry.status == EntryStatus.FAILED:
+            raise ResourceFailed(entry.error, record_id=str((entry.result or {}).get("record_id", "")))
+        ssh = ssh_install.SSHTarget.from_call(target)
+        if entry is None:
+            failure = ""
+            try:
+                described = ssh.describe()
+            except ssh_install.SSHInstallError as exc:
+                failure = f"cannot install {label} over SSH: {exc.detail}"
+            with transaction.atomic():  # the record and its journal entry commit together (I1)
+                run = self._fenced_run()
+                if not failure:
+                    try:
+                        record = agents.agent_record_declare(
+                            owner=self._owner(None, run), name=name, labels=dict(labels)
+                        )
+                    except (ServiceError, ResourceFailed) as exc:
+                        failure = f"cannot declare {label}: {getattr(exc, 'detail', exc)}"
+                if failure:
+                    self._write(seq, call, EntryStatus.FAILED, None, failure)
+                else:
+                    state: dict[str, Any] = {"record_id": str(record.pk), "target": described, "attempts": 0}
+                    self._write(seq, call, EntryStatus.STARTED, state)
+            if failure:
+                raise ResourceFailed(failure)
+        state = dict(_result(self.journal[seq]))
+        record_id = str(state["record_id"])
+
+        def fail(message: str) -> ResourceFailed:
+            self._write(seq, call, EntryStatus.FAILED, {"record_id": record_id}, message)
+            return ResourceFailed(message, record_id=record_id)
+
+        def connected_or_gone() -> bool:
+            return (
+                Record.objects.filter(pk=record_id)
+                .filter(Q(phase__in=READY_PHASES) | Q(deletion_requested_at__isnull=False) | Q(phase=Phase.DELETED))
+                .exists()
+            )
+
+        def current() -> Record:
+            record = Record.objects.filter(pk=record_id).first()
+            if record is None or record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+                raise fail(f"{label} was deleted before its agent connected")
+            return record
+
+        record = current()
+        if not state.get("installed_at") and record.phase not in READY_PHASES:
+            self._check_fence()  # a worker that lost the run must not touch the machine
+            try:
+                log_to = [self.run.record_id] if self.run.record_id is not None else []
+                outcome = ssh_install.agent_ssh_install(record=record, target=ssh, log_to=log_to)
+            except ssh_install.SSHInstallError as exc:
+                attempts = int(state.get("attempts", 0)) + 1
+                if not exc.transient or attempts >= settings.GRAPHENE_AGENT_SSH_ATTEMPTS:
+                    tries = f" (after {attempts} attempts)" if exc.transient else ""
+                    raise fail(f"cannot install {label} over SSH{tries}: {exc.detail}") from None
+                delay = min(
+                    settings.GRAPHENE_RETRY_BASE_SECONDS * 2 ** (attempts - 1), settings.GRAPHENE_RETRY_MAX_SECONDS
+                )
+                state.update(attempts=attempts, last_error=exc.detail)
+                self._write(seq, call, EntryStatus.STARTED, state)
+                raise _Suspend(wake_at=timezone.now() + timedelta(seconds=delay)) from None
+            except ServiceError as exc:  # e.g. the record began deletion while we installed
+                raise fail(f"cannot install {label} over SSH: {exc.detail}") from None
+            state.update(installed_at=timezone.now().isoformat(), install=outcome.as_dict())
+            self._write(seq, call, EntryStatus.STARTED, state)
+            record = current()
+        if record.phase in READY_PHASES:
+            self._write(seq, call, EntryStatus.COMPLETED, {"record_id": record_id, "install": state.get("install")})
+            return record_id
+        installed_at = parse_datetime(str(state["installed_at"]))
+        assert installed_at is not None
+        deadline = installed_at + timedelta(seconds=settings.GRAPHENE_AGENT_SSH_CONNECT_TIMEOUT_SECONDS)
+        if timezone.now() >= deadline:
+            where = (state.get("install") or {}).get("directory") or "~/.graphene-agent"
+            raise fail(
+                f"{label} was installed over SSH on {ssh.address} but did not connect within "
+                f"{settings.GRAPHENE_AGENT_SSH_CONNECT_TIMEOUT_SECONDS}s; see {where}/agent.log on that machine "
+                f"(is {settings.GRAPHENE_AGENT_SERVER_URL} reachable from it?)"
+            )
+        raise _Suspend(waiting_on=[record_id], wake_at=deadline, until=connected_or_gone)
+
     def agent_exec(
         self,
         record_id: str,
@@ -506,6 +634,7 @@ class Execution:
             raise OutcomeUnknown(message, step=name)
         if guarantee == "at_most_once":
             self._write(seq, call, EntryStatus.STARTED)
+        started_at = observability.now()  # observability
         attempt = 0
         while True:
             attempt += 1
@@ -525,10 +654,12 @@ class Execution:
                 is_timeout = isinstance(error, StepTimeout)
                 text = str(error) if is_timeout else f"step {name!r} failed: {type(error).__name__}: {error}"
                 self._write(seq, call, EntryStatus.FAILED, {"type": type(error).__name__, "timeout": is_timeout}, text)
+                self.telemetry.step(name, seq, started_at, attempts=attempt, guarantee=guarantee, error=text)  # obs.
                 cls = StepTimeout if is_timeout else StepFailed
                 raise cls(text, step=name, error_type=type(error).__name__) from error
             self._pause(min(settings.GRAPHENE_RETRY_BASE_SECONDS * 2 ** (attempt - 1), 30.0))
         self._write(seq, call, EntryStatus.COMPLETED, {"value": value})
+        self.telemetry.step(name, seq, started_at, attempts=attempt, guarantee=guarantee)  # observability
         return value
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -606,6 +737,7 @@ class _Heartbeat(threading.Thread):
         lease = settings.GRAPHENE_RUN_LEASE_SECONDS
         try:
             while not self.stopped.wait(lease / 3):
+                self.execution.telemetry.flush()  # observability: long executions write as they go
                 extended = Run.objects.filter(
                     pk=self.execution.run.pk, lease_token=self.execution.token, status=RunStatus.RUNNING
                 ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
@@ -641,14 +773,21 @@ def _acquire(run_id: Any) -> tuple[Run, uuid.UUID] | None:
     return run, token
 
 
-def _suspend(execution: Execution, waiting_on: list[str], wake_at: datetime | None) -> None:
+def _suspend(
+    execution: Execution, waiting_on: list[str], wake_at: datetime | None, until: Callable[[], bool] | None = None
+) -> None:
+    def happened() -> bool:
+        if until is not None:
+            return until()
+        return bool(waiting_on) and bool(services.targets_settled(waiting_on))
+
     with transaction.atomic():
         run = Run.objects.select_for_update(no_key=True).get(pk=execution.run.pk)
         if run.lease_token != execution.token or run.status != RunStatus.RUNNING:
             return
         RunWait.objects.filter(run=run).delete()
         RunWait.objects.bulk_create([RunWait(run=run, target=target) for target in waiting_on])
-        settled = bool(services.targets_settled(waiting_on))
+        settled = happened()
         due = wake_at is not None and wake_at <= timezone.now()
         if settled or due:
             # What we wait for happened while we were unwinding: go again at once.
@@ -664,7 +803,7 @@ def _suspend(execution: Execution, waiting_on: list[str], wake_at: datetime | No
     # A target that settled while the transaction above ran looked for our RunWait rows before
     # they were committed and found none: its wake-up is lost. Looking again after our commit
     # closes the gap — whatever settles later finds the rows.
-    if waiting_on and services.targets_settled(waiting_on):
+    if waiting_on and happened():
         services.runs_wake(targets=waiting_on)
 
 
@@ -710,9 +849,11 @@ def run_execute(*, run_id: Any) -> None:
                 )
             outputs = _output(definition, value)
         except _Suspend as suspend:
-            _suspend(execution, suspend.waiting_on, suspend.wake_at)
+            execution.telemetry.end("suspended")  # observability: written before the run's status changes
+            _suspend(execution, suspend.waiting_on, suspend.wake_at, suspend.until)
             return
         except _Fenced:
+            execution.telemetry.end("fenced")  # observability
             logger.info("run %s: lease lost or run ended; this worker stops", run_id)
             return
         except BaseException as exc:
@@ -724,11 +865,14 @@ def run_execute(*, run_id: Any) -> None:
                 error, NonDeterminismError | OutcomeUnknown | StepFailed | ResourceFailed | ChildRunFailed
             ):
                 text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            execution.telemetry.end("failed", text.strip().splitlines()[-1])  # observability
             services.run_finish(
                 run=run, status=RunStatus.FAILED, error=text, token=token, keep_for=definition.keep_on_failure
             )
             return
+        execution.telemetry.end("succeeded")  # observability
         services.run_finish(run=run, status=RunStatus.SUCCEEDED, outputs=outputs, token=token)
     finally:
+        execution.telemetry.end("aborted")  # observability: a no-op unless an exit above was missed
         heartbeat.stopped.set()
         execution.close()

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from apps.agents.models import AgentCommand
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.core.events import publish_on_commit
+from apps.observability import metrics
 from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Run, RunWait
 from apps.records import services as records
@@ -214,12 +215,16 @@ def run_finish(
                 error = f"{error}\n(kept {kept} record(s) on the stand {run.pipeline.name!r} for {keep_for})".lstrip()
             if refused:
                 error = f"{error}\n(not kept, deleted with the run: {'; '.join(refused)})"
+        finished_at = timezone.now()
+        if run.started_at is not None:  # observability: every way a run ends (cancel, timeout too)
+            seconds = (finished_at - run.started_at).total_seconds()
+            metrics.observe(metrics.RUN_DURATION_SECONDS, seconds, pipeline=run.pipeline.name, status=status)
         _set_status(
             run,
             status,
             outputs=outputs,
             error=error,
-            finished_at=timezone.now(),
+            finished_at=finished_at,
             lease_token=None,
             lease_expires_at=None,
             waiting_on=[],

@@ -8,6 +8,7 @@ import typer
 
 from graphenectl import __version__
 from graphenectl._cmd_auth import ctx_app, login, whoami
+from graphenectl._cmd_observe import metrics, trace
 from graphenectl._cmd_read import describe, events, get, logs, tree
 from graphenectl._cmd_run import run_app
 from graphenectl._cmd_write import apply, delete, extend, release, stand_app, transfer
@@ -17,7 +18,8 @@ from graphenectl._session import session
 HELP = """Operate Graphene from the shell: records, runs, pipelines and stands.
 
 Log in once with `graphenectl login --server URL --token-stdin`, then look with `get`, `describe`, \
-`tree`, `events` and `logs`; change records with `apply`, `delete`, `transfer`, `extend` and `release`; \
+`tree`, `events`, `logs`, `metrics` and `trace`; change records with `apply`, `delete`, `transfer`, \
+`extend` and `release`; \
 drive runs with `run start|watch|result|cancel|resume|list`.
 
 Data goes to stdout (-o table|wide|json|yaml|name); progress and hints go to stderr.
@@ -72,6 +74,8 @@ app.command(rich_help_panel=LOOK)(describe)
 app.command(rich_help_panel=LOOK)(tree)
 app.command(rich_help_panel=LOOK)(events)
 app.command(rich_help_panel=LOOK)(logs)
+app.command(rich_help_panel=LOOK)(metrics)
+app.command(rich_help_panel=LOOK)(trace)
 app.command(rich_help_panel=CHANGE)(apply)
 app.command(rich_help_panel=CHANGE)(delete)
 app.command(rich_help_panel=CHANGE)(transfer)

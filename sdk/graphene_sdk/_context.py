@@ -6,12 +6,15 @@ replayable), or the in-memory runtime of ``graphene_sdk.testing``. Pipeline code
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from graphene_sdk._errors import ResourceFailed
+from graphene_sdk._secrets import SecretRef, encode_secret_refs
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Guarantee = Literal["at_least_once", "at_most_once"]
+DriftPolicy = Literal["heal", "report"]
 
 
 class Runtime(Protocol):
@@ -35,6 +39,7 @@ class Runtime(Protocol):
         labels: Mapping[str, str],
         parent: str | None,
         children: Sequence[str],
+        drift: Mapping[str, Any] | None = None,
     ) -> str: ...
 
     def attach(self, record_id: str) -> tuple[str, str]: ...
@@ -48,6 +53,8 @@ class Runtime(Protocol):
     def agent(self, name: str, labels: Mapping[str, str]) -> str: ...
 
     def agent_install(self, record_id: str, form: Literal["env", "script"]) -> str: ...
+
+    def agent_via_ssh(self, name: str, labels: Mapping[str, str], target: Mapping[str, Any]) -> str: ...
 
     def agent_exec(
         self,
@@ -189,6 +196,43 @@ class Attached(_Handle):
     __slots__ = ()
 
 
+# Host key types an SSH server presents (the first field of its public key line).
+HOST_KEY_TYPES = frozenset(
+    {
+        "ssh-ed25519",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "ssh-rsa",
+    }
+)
+
+
+def _host_key(value: str) -> str:
+    """``"type base64"`` from a public key line (a trailing comment is dropped), checked."""
+    hint = (
+        "host_key is the server's public host key as 'type base64', e.g. the content of "
+        "/etc/ssh/ssh_host_ed25519_key.pub on that machine, obtained out of band"
+    )
+    if not isinstance(value, str):
+        raise TypeError(f"{hint}; got {type(value).__name__}")
+    fields = value.split()
+    if len(fields) < 2:
+        raise ValueError(f"{hint}; got {value[:80]!r}")
+    key_type, data = fields[0], fields[1]
+    if key_type not in HOST_KEY_TYPES:
+        raise ValueError(f"{hint}; {key_type[:40]!r} is not a host key type ({', '.join(sorted(HOST_KEY_TYPES))})")
+    try:
+        blob = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{hint}; its second field is not base64") from None
+    # The SSH wire format starts with the key type as a length-prefixed string.
+    size = int.from_bytes(blob[:4], "big") if len(blob) >= 4 else -1
+    if blob[4 : 4 + size].decode("ascii", "replace") != key_type:
+        raise ValueError(f"{hint}; the key data is not a {key_type} key")
+    return f"{key_type} {data}"
+
+
 def _seconds(value: timedelta | float | None, what: str) -> float | None:
     if value is None:
         return None
@@ -221,13 +265,26 @@ class Context:
         labels: Mapping[str, str] | None = None,
         parent: Resource | None = None,
         children: Sequence[Resource] = (),
+        reconcile_every: timedelta | float | None = None,
+        on_drift: DriftPolicy = "heal",
     ) -> Resource:
         """Declare a record of ``kind``; returns at once while it converges.
 
         It is owned by this run, or by ``parent`` (a record this run declared); records in
         ``children`` are given to the new record, which becomes their owner. Resource
-        libraries (``graphene_sdk.libs``) are built on this call.
+        libraries (``graphene_sdk.libs``) are built on this call. A ``ctx.secret(...)`` in
+        ``spec`` is stored as ``{"$secret": name}``: the record holds the name, never the value.
+
+        Once ready, the object is observed every ``reconcile_every`` (default: its kind's
+        interval); a difference from the spec is healed (re-converged, the default) or, with
+        ``on_drift="report"``, only recorded (the record turns ``drifted``).
         """
+        if on_drift not in ("heal", "report"):
+            raise ValueError(f"on_drift must be 'heal' or 'report', not {on_drift!r}")
+        every = _seconds(reconcile_every, "reconcile_every")
+        drift: dict[str, Any] = {"on_drift": on_drift}
+        if every is not None:
+            drift["reconcile_every"] = every
         if parent is not None and not isinstance(parent, Resource):
             raise TypeError("parent must be a Resource declared by this run (an Attached handle cannot own)")
         if any(not isinstance(c, Resource) for c in children):
@@ -235,10 +292,11 @@ class Context:
         record_id = self._runtime.declare(
             kind,
             name,
-            dict(spec or {}),
+            encode_secret_refs(dict(spec or {})),
             dict(labels or {}),
             parent.id if parent is not None else None,
             [c.id for c in children],
+            drift,
         )
         return Resource(self._runtime, record_id, kind, name)
 
@@ -250,6 +308,51 @@ class Context:
         """
         record_id = self._runtime.agent(name, dict(labels or {}))
         return Agent(self._runtime, record_id, "agent", name)
+
+    def agent_via_ssh(
+        self,
+        name: str,
+        *,
+        host: str,
+        user: str,
+        key: SecretRef,
+        host_key: str,
+        port: int = 22,
+        labels: Mapping[str, str] | None = None,
+    ) -> Agent:
+        """Declare an agent record, install the agent on ``host`` over SSH, and return once it connected.
+
+        ``key`` names the private key in Graphene's secret store (``ctx.secret("deploy-key")``);
+        it is read on the server for the install and never enters the run's journal, events or
+        logs. ``host_key`` pins the server's public host key (``"ssh-ed25519 AAAA..."``): there
+        is no trust on first use, and a server presenting another key fails the call without
+        anything being uploaded. The agent is started detached (a systemd unit where one can
+        be installed, else a background process with a pid file) and the SSH session is
+        closed: from then on the agent's own outbound connection is the only one.
+
+        The install converges: a replay, a retry or a second call finds the agent running and
+        installs nothing again. The run suspends until the agent has connected.
+        """
+        if not isinstance(key, SecretRef):
+            raise TypeError("key must be ctx.secret('<name>'): the private key is stored in Graphene, never passed")
+        if not isinstance(host, str) or not host.strip() or any(c.isspace() for c in host):
+            raise ValueError(f"host must be a host name or address, got {host!r}")
+        if not isinstance(user, str) or not user or any(c.isspace() or c in "@:/" for c in user):
+            raise ValueError(f"user must be a login name, got {user!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"port must be an integer from 1 to 65535, got {port!r}")
+        target = {"host": host, "port": port, "user": user, "key": key.name, "host_key": _host_key(host_key)}
+        record_id = self._runtime.agent_via_ssh(name, dict(labels or {}), target)
+        return Agent(self._runtime, record_id, "agent", name)
+
+    def secret(self, name: str) -> SecretRef:
+        """A reference to the secret ``name`` in Graphene's store (create it over the API first).
+
+        Only the name is kept wherever the reference goes (specs, the journal, logs); the
+        value is read on the server where it is used. Nothing is looked up here: a missing
+        secret fails the call that uses it, naming it.
+        """
+        return SecretRef(name)
 
     def attach(self, record_id: str) -> Attached:
         """A read-only handle to an existing record (another run's, a stand's) by its id."""

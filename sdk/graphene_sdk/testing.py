@@ -216,6 +216,9 @@ class World:
         self._deletions: list[Record] = []
         self._exec: ExecFn = lambda agent, argv: (0, "", "")
         self.commands: list[tuple[str, list[str]]] = []
+        # ``ctx.agent_via_ssh`` calls as (agent name, target): host, port, user, the key's
+        # secret name and the pinned host key. Nothing is installed in the world.
+        self.ssh_installs: list[tuple[str, dict[str, Any]]] = []
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -744,6 +747,7 @@ class _Runtime:
         labels: Mapping[str, str],
         parent: str | None,
         children: Sequence[str],
+        drift: Mapping[str, Any] | None = None,
     ) -> str:
         self._check()
         return self._world._declare(self._run, kind, name, spec, labels, parent, children)
@@ -805,6 +809,17 @@ class _Runtime:
         self._record(record_id, "agent", "install")
         token = "GRAPHENE_AGENT_BOOTSTRAP_TOKEN=testing-kit-token"  # noqa: S105 - a fake, nothing connects
         return f"{token}\n" if form == "env" else f"#!/bin/sh\n# testing kit: no agent is installed\n# {token}\n"
+
+    def agent_via_ssh(self, name: str, labels: Mapping[str, str], target: Mapping[str, Any]) -> str:
+        # Nothing is installed in the world (and no secret store is consulted): the agent
+        # record is declared, and the call returns once it is ready, as the engine's does.
+        self._check()
+        self._world.ssh_installs.append((name, dict(target)))
+        record_id = self._world._declare(self._run, "agent", name, {}, labels, None, ())
+        _, error = self.ready(record_id, f"agent/{name}")
+        if error is not None:
+            raise error
+        return record_id
 
     def agent_exec(
         self,

@@ -1,0 +1,108 @@
+"""Metrics and traces over REST: a record's series (``records/{id}/metrics/``) and a run's
+span tree (``runs/{id}/trace/``). Thin: parameters in, a selector, the body out."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.core.errors import ValidationFailed
+from apps.observability import selectors
+from apps.pipelines import selectors as run_selectors
+from apps.records import selectors as record_selectors
+
+
+def _end_param(request: Request) -> dt.datetime | None:
+    raw = request.query_params.get("end")
+    if not raw:
+        return None
+    value = parse_datetime(raw)
+    if value is None:
+        raise ValidationFailed(f"end={raw!r} is not an ISO 8601 date-time", fields={"end": ["not a date-time"]})
+    return timezone.make_aware(value, dt.UTC) if timezone.is_naive(value) else value
+
+
+_Point = inline_serializer(
+    "MetricBucket",
+    fields={
+        "at": serializers.DateTimeField(help_text="the bucket's start (aligned to the step since the Unix epoch)"),
+        "count": serializers.IntegerField(),
+        "avg": serializers.FloatField(),
+        "min": serializers.FloatField(),
+        "max": serializers.FloatField(),
+        "last": serializers.FloatField(),
+    },
+)
+_Series = inline_serializer(
+    "MetricSeries",
+    fields={"name": serializers.CharField(), "labels": serializers.DictField(), "points": _Point},
+)
+_MetricsOutput = inline_serializer(
+    "RecordMetrics",
+    fields={
+        "record": serializers.UUIDField(),
+        "name": serializers.CharField(allow_null=True),
+        "start": serializers.DateTimeField(),
+        "end": serializers.DateTimeField(),
+        "window_seconds": serializers.IntegerField(),
+        "step_seconds": serializers.IntegerField(),
+        "names": serializers.ListField(child=serializers.CharField()),
+        "series": _Series,
+        "truncated": serializers.BooleanField(),
+    },
+)
+_TraceOutput = inline_serializer(
+    "RunTrace",
+    fields={
+        "run": serializers.UUIDField(),
+        "trace_id": serializers.CharField(),
+        "span_count": serializers.IntegerField(),
+        "errors": serializers.IntegerField(),
+        "truncated": serializers.BooleanField(),
+        "root": serializers.DictField(help_text="a span with its children (the same shape, recursively)"),
+    },
+)
+
+
+class RecordMetricsView(APIView):
+    """A record's metric series in a window, aggregated per step."""
+
+    @extend_schema(
+        operation_id="records_metrics",
+        parameters=[
+            OpenApiParameter("name", str, description="one series name (default: every name the record has)"),
+            OpenApiParameter("window", str, description="how far back from end: 90s, 15m, 1h (default), 7d"),
+            OpenApiParameter("step", str, description="bucket width: 10s, 60s (default, larger for long windows)"),
+            OpenApiParameter("end", str, description="ISO 8601 end of the window (default now)"),
+        ],
+        responses=_MetricsOutput,
+    )
+    def get(self, request: Request, pk: str) -> Response:
+        record = record_selectors.record_get(user=request.user, record_id=pk)
+        params = request.query_params
+        query = selectors.series_query(
+            name=params.get("name") or None,
+            window=params.get("window") or None,
+            step=params.get("step") or None,
+            end=_end_param(request),
+            now=timezone.now(),
+        )
+        body: dict[str, Any] = selectors.metric_series(record=record, query=query)
+        return Response(body)
+
+
+class RunTraceView(APIView):
+    """A run's trace: the span tree of its executions, steps, convergences, deletions and commands."""
+
+    @extend_schema(operation_id="runs_trace", responses=_TraceOutput)
+    def get(self, request: Request, pk: str) -> Response:
+        run = run_selectors.run_get(user=request.user, run_id=pk)
+        return Response(selectors.run_trace(run=run))
