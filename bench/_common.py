@@ -221,6 +221,9 @@ RECORD_COLUMNS = (
     "level",
     "parent_id",
     "created_by_run_id",
+    "drift_policy",
+    "heals",
+    "healing",
 )
 
 
@@ -310,6 +313,9 @@ def copy_trees(
                             n.level,
                             n.parent_id,
                             None if is_root or root_kind != "graphene.run" else root_id,
+                            "heal",
+                            0,
+                            False,
                         )
                     )
                     rows += 1

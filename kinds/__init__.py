@@ -9,7 +9,9 @@ not write it: the services own every write) and must be safe to call again after
   create one, carrying the marker (invariant I4). It returns the observed outputs.
 * ``delete`` is idempotent; "not found" is success.
 * ``observe`` returns what exists now (``None``: the object is gone); ``diff`` compares it
-  with the spec.
+  with the spec (``[]``: as specified). The drift scheduler calls both every
+  ``drift_interval`` on ready records; on a difference it heals (re-runs ``create``, which
+  must bring an existing object back to its spec) or reports, as the declaration says.
 * ``sweep`` lists external objects carrying a Graphene marker, for the orphan sweeper;
   ``delete_external`` removes one of them by its external id.
 """
@@ -63,7 +65,9 @@ class Kind:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     spec_schema: ClassVar[Mapping[str, Any]] = {"type": "object"}
-    drift_interval: ClassVar[timedelta] = timedelta(minutes=5)
+    # How often the drift scheduler observes a ready record of this kind (a declaration may
+    # override it with ``reconcile_every``); None: never (nothing outside can drift).
+    drift_interval: ClassVar[timedelta | None] = timedelta(minutes=5)
 
     def create(self, record: Record) -> dict[str, Any]:
         raise PermanentError(f"kind {self.name} cannot create objects")

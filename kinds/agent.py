@@ -25,6 +25,7 @@ class AgentKind(Kind):
         "Ready while connected; its facts (hostname, os, arch, cpus, memory, addresses) are its outputs."
     )
     spec_schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    drift_interval = None  # readiness follows the connection, not observation
 
     def create(self, record: Record) -> dict[str, Any]:
         from apps.agents.models import Agent

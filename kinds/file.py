@@ -12,6 +12,7 @@ import errno
 import hashlib
 import os
 from collections.abc import Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,7 @@ def digest(data: bytes) -> str:
 class FileKind(Kind):
     name = "file"
     description = "A file on the Graphene server's disk, under GRAPHENE_FILE_ROOT, with the given content and mode."
+    drift_interval = timedelta(seconds=60)
     spec_schema = {
         "type": "object",
         "properties": {

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 class _RootKind(Kind):
     spec_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+    drift_interval = None  # nothing outside to drift
 
     def create(self, record: Record) -> dict[str, Any]:
         return {}

@@ -45,6 +45,7 @@ def objects_of(record_id: str) -> list[Path]:
 class SleepKind(Kind):
     name = "test.sleep"
     description = "A test object: it appears at once, is ready create_ms later, and takes delete_ms to delete."
+    drift_interval = None  # exercises create and delete; drift is tested on real kinds (file)
     spec_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -100,6 +101,36 @@ class Worker:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+@contextlib.contextmanager
+def running_beat(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``celery beat`` (TTL expiry, reconciler, drift ticks) for the block's duration."""
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "graphene_project", "beat", "-s", str(tmp_path / "beat"), "-l", "INFO"],
+        cwd=REPO,
+        env=process_env(),
+        stdout=(tmp_path / "beat.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield beat
+    finally:
+        beat.terminate()
+        beat.wait(timeout=20)
+
+
+@pytest.fixture
+def eager() -> Iterator[None]:
+    """Celery tasks run in this process when sent (on-commit callbacks decide when)."""
+    from graphene_project.celery import app
+
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+    try:
+        yield
+    finally:
+        app.conf.task_always_eager = False
 
 
 def purge_queue() -> None:

@@ -41,6 +41,14 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     Phase.DELETED: frozenset(),
 }
 
+
+class DriftPolicy(models.TextChoices):
+    # Re-converge (the kind's adopt-or-create) and count the heal on the record.
+    HEAL = "heal", "Heal"
+    # Only record it: the record goes ``drifted`` until the object matches its spec again.
+    REPORT = "report", "Report"
+
+
 # Kinds that are roots of their own trees (I2): nothing owns them.
 ROOT_KINDS = frozenset({"graphene.run", "graphene.stand", "graphene.sweeper"})
 
@@ -63,3 +71,5 @@ class EventType(models.TextChoices):
     # The sweeper found an external object whose record is gone, and deleted it.
     ORPHAN_DELETED = "orphan_deleted", "Orphan deleted"
     ORPHAN_DELETE_FAILED = "orphan_delete_failed", "Orphan delete failed"
+    # Observation found the object differs from its spec (data: the changed fields) or is gone.
+    DRIFT_DETECTED = "drift_detected", "Drift detected"

@@ -12,7 +12,7 @@ from mptt.managers import TreeManager
 from mptt.models import MPTTModel, TreeForeignKey
 
 from apps.core.models import TimeStampedModel
-from apps.records.choices import ROOT_KINDS, EventType, Phase
+from apps.records.choices import ROOT_KINDS, DriftPolicy, EventType, Phase
 
 
 class Record(MPTTModel, TimeStampedModel):
@@ -47,6 +47,17 @@ class Record(MPTTModel, TimeStampedModel):
     # When the reconciler should look at this record again if no task did (lost message).
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    # Drift: what to do when observation finds the object differs from its spec or is gone.
+    drift_policy = models.CharField(max_length=8, choices=DriftPolicy.choices, default=DriftPolicy.HEAL)
+    # Seconds between observations (``reconcile_every=``); null: the kind's ``drift_interval``.
+    observe_every = models.PositiveIntegerField(null=True, blank=True)
+    # When the drift scheduler observes this record next; null: not observed (not ready, or its
+    # kind has no drift check).
+    next_observe_at = models.DateTimeField(null=True, blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
+    # Heals done (re-convergences after drift), and whether one is in flight.
+    heals = models.PositiveIntegerField(default=0)
+    healing = models.BooleanField(default=False)
 
     objects = TreeManager()
 
@@ -66,6 +77,10 @@ class Record(MPTTModel, TimeStampedModel):
             ),
             # Reconciler: records whose work is due (retries, lost messages).
             models.Index(fields=["next_attempt_at"], name="record_due", condition=Q(next_attempt_at__isnull=False)),
+            # Drift scheduler: only records it observes are in this index.
+            models.Index(
+                fields=["next_observe_at"], name="record_observe_due", condition=Q(next_observe_at__isnull=False)
+            ),
             # Tombstone purge.
             models.Index(fields=["deleted_at"], name="record_tombstone", condition=Q(deleted_at__isnull=False)),
         ]

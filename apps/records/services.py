@@ -43,9 +43,11 @@ from django.utils import timezone
 
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
-from apps.records.choices import ROOT_KINDS, TRANSITIONS, EventType, Phase
+from apps.observability import hooks as observability  # observability: spans and metrics (issue 8)
+from apps.observability import metrics
+from apps.records.choices import ROOT_KINDS, TRANSITIONS, DriftPolicy, EventType, Phase
 from apps.records.models import Event, Record
-from kinds import Kind, PermanentError, UnknownKind, get_kind
+from kinds import Drift, Kind, Observed, PermanentError, UnknownKind, get_kind, registry
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +163,31 @@ def _transition(
     _notify(r.pk for r in records)
     if to in _SETTLING:
         _wake_runs_on_commit(records)
+
+
+def record_transition(
+    records: Sequence[Record],
+    to: str,
+    *,
+    reason: str,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
+    fields: dict[str, Any] | None = None,
+) -> None:
+    """For other apps whose records change phase on their own events (an agent connecting):
+    the same checked transition and event. Hold the rows' locks inside ``transaction.atomic``."""
+    _transition(records, to, reason=reason, message=message, data=data, actor=actor, fields=fields)
+
+
+def record_event_write(
+    record_id: Any, type: str, *, reason: str, message: str = "", data: dict[str, Any] | None = None
+) -> Event:
+    """Append an event to a record's history (not a phase change: those go through transitions)
+    and tell its watchers."""
+    event = Event.objects.create(**_event_kwargs(record_id, type, reason=reason, message=message, data=data or {}))
+    _notify([record_id])
+    return event
 
 
 # A run waiting on a record (``Resource.ready()``) is woken when the record reaches one of
@@ -329,12 +356,16 @@ def record_declare(
     spec: dict[str, Any] | None = None,
     labels: dict[str, str] | None = None,
     expires_at: datetime | None = None,
+    drift_policy: str = DriftPolicy.HEAL,
+    observe_every: float | None = None,
     actor: Actor = None,
 ) -> Record:
     """Declare a record under ``owner``: committed in ``pending``, convergence enqueued on commit.
 
     Re-declaring the same (owner, kind, name) with the same spec returns the existing record;
-    with a different spec it becomes the next generation and re-converges.
+    with a different spec it becomes the next generation and re-converges. ``drift_policy``
+    (heal or report) and ``observe_every`` (seconds; default: the kind's drift interval) say
+    how the drift scheduler treats it once ready.
     """
     kind_obj = kind_resolve(kind)
     if kind in ROOT_KINDS:
@@ -345,13 +376,14 @@ def record_declare(
     labels = labels_validate(labels)
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expires_at is in the past", fields={"expires_at": ["must be in the future"]})
+    drift = drift_options_validate(drift_policy, observe_every)
     with transaction.atomic():
         _lock_tree(owner.tree_id)
         owner = Record.objects.get(pk=owner.pk)  # fresh tree columns, under the lock
         _owner_check_alive(owner)
         existing = Record.objects.filter(parent=owner, kind=kind, name=name).exclude(phase=Phase.DELETED).first()
         if existing is not None:
-            return _redeclare(existing, spec=spec, labels=labels, actor=actor)
+            return _redeclare(existing, spec=spec, labels=labels, drift=drift, actor=actor)
         now = timezone.now()
         record = Record(
             kind=kind,
@@ -364,6 +396,7 @@ def record_declare(
             expires_at=expires_at,
             phase=Phase.PENDING,
             next_attempt_at=now + _lease(),
+            **drift,
         )
         record.save(force_insert=True)  # mptt places it as the owner's last child
         Event.objects.create(
@@ -381,7 +414,28 @@ def record_declare(
     return record
 
 
-def _redeclare(existing: Record, *, spec: dict[str, Any], labels: dict[str, str], actor: Actor) -> Record:
+def drift_options_validate(drift_policy: str, observe_every: float | None) -> dict[str, Any]:
+    """The record fields for a declaration's drift options, or a field error."""
+    if drift_policy not in DriftPolicy.values:
+        raise ValidationFailed(
+            f"on_drift must be one of {DriftPolicy.values}, not {drift_policy!r}",
+            fields={"on_drift": [f"must be one of {DriftPolicy.values}"]},
+        )
+    if observe_every is not None and not 1 <= observe_every <= 7 * 86400:
+        raise ValidationFailed(
+            f"reconcile_every must be between 1 second and 7 days, not {observe_every!r} s",
+            fields={"reconcile_every": ["must be between 1 and 604800 seconds"]},
+        )
+    return {"drift_policy": drift_policy, "observe_every": round(observe_every) if observe_every else None}
+
+
+def _redeclare(
+    existing: Record, *, spec: dict[str, Any], labels: dict[str, str], drift: dict[str, Any], actor: Actor
+) -> Record:
+    if any(getattr(existing, key) != value for key, value in drift.items()):
+        Record.objects.filter(pk=existing.pk).update(**drift)
+        for key, value in drift.items():
+            setattr(existing, key, value)
     if existing.spec == spec and existing.labels == labels:
         return existing
     record = Record.objects.select_for_update(no_key=True).get(pk=existing.pk)
@@ -416,6 +470,7 @@ def _enqueue_converge_on_commit(record_id: Any, countdown: float = 0) -> None:
 
 def record_converge(*, record_id: Any) -> None:
     """Bring one record's external object to its spec through the kind's adopt-or-create."""
+    started_at = observability.now()  # observability
     with operation_lock(record_id):
         with transaction.atomic():
             record = Record.objects.select_for_update(no_key=True).filter(pk=record_id).first()
@@ -430,6 +485,7 @@ def record_converge(*, record_id: Any) -> None:
         try:
             outputs = get_kind(record.kind).create(record)
         except Exception as exc:
+            observability.converge_failed(record, started_at, exc)  # observability
             _converge_failed(record_id=record_id, error=exc)
             return
         with transaction.atomic():
@@ -442,10 +498,17 @@ def record_converge(*, record_id: Any) -> None:
                 Record.objects.filter(pk=record.pk).update(outputs=outputs)
                 _enqueue_converge_on_commit(record.pk)
                 return
+            observability.converged(record, started_at, outputs)  # observability: before phase changes
+            now = timezone.now()
+            if record.healing:
+                reason = "Healed"
+                metrics.drift_healed(kind=record.kind)  # observability
+            else:
+                reason = "Updated" if record.phase == Phase.UPDATING else "Created"
             _transition(
                 [record],
                 Phase.READY,
-                reason="Updated" if record.phase == Phase.UPDATING else "Created",
+                reason=reason,
                 data={"adopted": bool(outputs.get("adopted"))} if isinstance(outputs, dict) else None,
                 fields={
                     "outputs": outputs,
@@ -453,6 +516,10 @@ def record_converge(*, record_id: Any) -> None:
                     "attempts": 0,
                     "next_attempt_at": None,
                     "last_error": "",
+                    "healing": False,
+                    "heals": record.heals + (1 if record.healing else 0),
+                    "observed_at": now,
+                    "next_observe_at": _next_observe(record, now, soon=True),
                 },
             )
 
@@ -639,6 +706,7 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         if resumed:
             Record.objects.filter(pk__in=resumed).update(**lease)
 
+    started_at = observability.now()  # observability
     results = _run_deletes(claim, wait_for_create)
 
     with transaction.atomic():
@@ -654,11 +722,18 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         claim = [fresh[r.pk] for r in claim if r.pk in fresh and fresh[r.pk].phase == Phase.DELETING]
         now = timezone.now()
         done = [r for r in claim if results[r.pk] is None]
+        observability.deleted(claim, results, started_at)  # observability: before phases change
         _transition(
             done,
             Phase.DELETED,
             reason="Deleted",
-            fields={"deleted_at": now, "next_attempt_at": None, "attempts": 0, "last_error": ""},
+            fields={
+                "deleted_at": now,
+                "next_attempt_at": None,
+                "attempts": 0,
+                "last_error": "",
+                "next_observe_at": None,
+            },
         )
         for record in claim:
             error = results[record.pk]
@@ -892,6 +967,165 @@ def records_reconcile(*, now: datetime | None = None, limit: int = 500) -> int:
         if delete:
             transaction.on_commit(lambda: [records_delete_task.delay([pk]) for pk in delete])
     return len(converge) + len(delete)
+
+
+# --- drift ------------------------------------------------------------------------------------
+
+# Shortly after a change (created, updated, healed, drift resolved) a record is observed
+# sooner: after this fraction of its interval, at least OBSERVE_SOON_MIN.
+OBSERVE_SOON_FRACTION = 0.1
+OBSERVE_SOON_MIN = timedelta(seconds=2)
+_OBSERVABLE = frozenset({Phase.READY, Phase.DRIFTED})
+
+
+def observe_interval(record: Record) -> timedelta | None:
+    """How often ``record`` is observed: its ``observe_every``, else its kind's interval."""
+    kind = registry().get(record.kind)
+    if kind is None or kind.drift_interval is None:
+        return None
+    if record.observe_every:
+        return timedelta(seconds=record.observe_every)
+    return kind.drift_interval
+
+
+def _next_observe(record: Record, now: datetime, *, soon: bool = False) -> datetime | None:
+    interval = observe_interval(record)
+    if interval is None:
+        return None
+    if soon:
+        return now + min(interval, max(interval * OBSERVE_SOON_FRACTION, OBSERVE_SOON_MIN))
+    return now + interval
+
+
+def records_observe_due(*, now: datetime | None = None, limit: int | None = None) -> int:
+    """Beat: claim the records due for observation (through the partial index, oldest first)
+    and enqueue them in batches. A claim pushes ``next_observe_at`` one lease ahead, so a lost
+    batch is picked up again after the lease; the batch sets the real next time."""
+    from apps.records.tasks import records_observe_task
+
+    now = now or timezone.now()
+    limit = limit or settings.GRAPHENE_OBSERVE_SCAN_LIMIT
+    with transaction.atomic():
+        due = list(
+            Record.objects.select_for_update(skip_locked=True, no_key=True)
+            .filter(next_observe_at__lte=now)
+            .order_by("next_observe_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        if not due:
+            return 0
+        Record.objects.filter(pk__in=due).update(next_observe_at=now + _lease())
+        size = max(1, settings.GRAPHENE_OBSERVE_BATCH)
+        batches = [[str(pk) for pk in due[i : i + size]] for i in range(0, len(due), size)]
+        transaction.on_commit(lambda: [records_observe_task.delay(batch) for batch in batches])
+    return len(due)
+
+
+def records_observe(*, record_ids: Sequence[Any]) -> dict[str, int]:
+    """Observe a batch: each kind's ``observe`` and ``diff``, outside any transaction; records
+    found as specified get their next observation in one UPDATE per interval; drift is handled
+    per record under its lock. Returns counts (clean, drifted, healing, resolved, skipped, failed)."""
+    counts = dict.fromkeys(("clean", "drifted", "healing", "resolved", "skipped", "failed"), 0)
+    now = timezone.now()
+    clean: defaultdict[timedelta, list[Any]] = defaultdict(list)
+    skipped: list[Any] = []
+    changed: list[tuple[Record, list[Drift] | None]] = []
+    for record in Record.objects.filter(pk__in=list(record_ids)):
+        interval = observe_interval(record)
+        if interval is None or record.phase not in _OBSERVABLE or record.deletion_requested_at is not None:
+            skipped.append(record.pk)
+            continue
+        kind = get_kind(record.kind)
+        try:
+            observed: Observed | None = kind.observe(record)
+            drifts = kind.diff(record, observed) if observed is not None else None
+        except Exception as exc:  # the kind could not look (engine down, network): try again later
+            counts["failed"] += 1
+            _observe_failed(record, exc, now + interval)
+            continue
+        if drifts == [] and record.phase == Phase.READY:
+            clean[interval].append(record.pk)
+        else:
+            changed.append((record, drifts))
+    for interval, ids in clean.items():
+        counts["clean"] += Record.objects.filter(
+            pk__in=ids, phase=Phase.READY, deletion_requested_at__isnull=True
+        ).update(next_observe_at=now + interval, observed_at=now)
+    if skipped:
+        counts["skipped"] = Record.objects.filter(pk__in=skipped).update(next_observe_at=None)
+    for record, drifts in changed:
+        counts[_drift_handle(record.pk, drifts, now)] += 1
+    return counts
+
+
+@transaction.atomic
+def _drift_handle(record_id: Any, drifts: list[Drift] | None, now: datetime) -> str:
+    """Act on one observation that did not match (``drifts``; None: the object is gone), or a
+    drifted record that matches again (``[]``), under the record's lock."""
+    record = Record.objects.select_for_update(no_key=True).filter(pk=record_id).first()
+    if record is None or record.phase not in _OBSERVABLE or record.deletion_requested_at is not None:
+        return "skipped"  # it changed meanwhile (deleted, updating): its new phase decides
+    if drifts == []:
+        if record.phase == Phase.READY:
+            return "skipped"
+        _transition(
+            [record],
+            Phase.READY,
+            reason="DriftResolved",
+            fields={"observed_at": now, "next_observe_at": _next_observe(record, now, soon=True)},
+        )
+        return "resolved"
+    gone = drifts is None
+    changes = [{"field": d.field, "desired": d.desired, "actual": d.actual} for d in drifts or []]
+    if record.phase == Phase.DRIFTED and record.drift_policy == DriftPolicy.REPORT:
+        # Reported already: keep watching (it may come back), without an event per look.
+        Record.objects.filter(pk=record.pk).update(observed_at=now, next_observe_at=_next_observe(record, now))
+        return "drifted"
+    what = "is gone" if gone else "differs from its spec in " + ", ".join(c["field"] for c in changes)
+    Event.objects.create(
+        **_event_kwargs(
+            record.pk,
+            EventType.DRIFT_DETECTED,
+            reason="Gone" if gone else "Drifted",
+            message=f"{record} {what}",
+            data={"gone": gone, "changes": changes, "policy": record.drift_policy},
+            at=now,
+        )
+    )
+    metrics.drift_detected(kind=record.kind)  # observability
+    if record.drift_policy == DriftPolicy.HEAL:
+        _transition(
+            [record],
+            Phase.CREATING if gone else Phase.UPDATING,
+            reason="Healing",
+            message=f"{record} {what}: re-converging",
+            fields={
+                "healing": True,
+                "observed_at": now,
+                "next_observe_at": None,
+                "attempts": 0,
+                "next_attempt_at": now + _lease(),
+            },
+        )
+        _enqueue_converge_on_commit(record.pk)
+        return "healing"
+    _transition(
+        [record],
+        Phase.DRIFTED,
+        reason="Gone" if gone else "Drifted",
+        message=f"{record} {what}",
+        fields={"observed_at": now, "next_observe_at": _next_observe(record, now)},
+    )
+    return "drifted"
+
+
+def _observe_failed(record: Record, error: BaseException, retry_at: datetime) -> None:
+    message = _error_text(error)
+    with transaction.atomic():
+        Event.objects.create(
+            **_event_kwargs(record.pk, EventType.ERROR, reason="ObserveFailed", message=message, data={})
+        )
+        Record.objects.filter(pk=record.pk, next_observe_at__isnull=False).update(next_observe_at=retry_at)
 
 
 def records_purge(*, now: datetime | None = None, limit: int = 100) -> int:

@@ -42,3 +42,13 @@ def records_purge_task() -> int:
 @shared_task(acks_late=True)
 def records_sweep_task() -> int:
     return len(services.records_sweep())
+
+
+@shared_task(acks_late=True, autoretry_for=RETRY_ON, retry_backoff=1, retry_backoff_max=30, max_retries=3)
+def records_observe_due_task() -> int:
+    return services.records_observe_due()
+
+
+@shared_task(acks_late=True, autoretry_for=RETRY_ON, retry_backoff=1, retry_backoff_max=30, max_retries=3)
+def records_observe_task(record_ids: list[str]) -> dict[str, int]:
+    return services.records_observe(record_ids=record_ids)

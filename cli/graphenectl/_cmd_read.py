@@ -434,7 +434,12 @@ def _describe_pipeline(p: dict[str, Any]) -> None:
 
 
 def _describe_kind(k: dict[str, Any]) -> None:
-    _kv([("Name", k["name"]), ("Drift check", f"every {k.get('drift_interval_seconds')}s")])
+    _kv(
+        [
+            ("Name", k["name"]),
+            ("Drift check", f"every {k['drift_interval_seconds']}s" if k.get("drift_interval_seconds") else "never"),
+        ]
+    )
     _block("Description", k.get("description"))
     out.print(Text("Spec:", style="bold"))
     _fields_table(k.get("spec_schema") or {})

@@ -332,3 +332,20 @@ def on_a_machine(ctx: Context, inputs: AgentInputs) -> AgentOutput:
     return AgentOutput(
         exit_code=first.exit_code, stdout=first.stdout_tail, stderr=first.stderr_tail, greeting=second.stdout_tail
     )
+
+
+class DriftInputs(BaseModel):
+    path: str
+
+
+@pipeline("sample.drift", inputs=DriftInputs)
+def drift_options(ctx: Context, inputs: DriftInputs) -> None:
+    """A file watched every 5 s whose drift is only reported."""
+    config = ctx.declare(
+        "file",
+        "config",
+        {"path": inputs.path, "content": "x\n"},
+        reconcile_every=timedelta(seconds=5),
+        on_drift="report",
+    )
+    config.ready()

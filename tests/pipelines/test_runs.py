@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -227,3 +228,13 @@ def test_a_refused_declaration_is_journaled_and_replays(workers: list[Worker]) -
     ]
     assert effect_count(str(run.pk), "handled") == 1
     assert run.attempt == 2
+
+
+def test_drift_options_of_a_declaration_reach_its_record(workers: list[Worker]) -> None:
+    path = f"drift/{uuid.uuid4()}.conf"
+    run = finished(services.run_start(pipeline_name="sample.drift", inputs={"path": path}))
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    record = Record.objects.get(created_by_run_id=run.record_id, kind="file")
+    assert (record.drift_policy, record.observe_every) == ("report", 5)
+    declared = JournalEntry.objects.get(run=run, seq=1)
+    assert declared.call == "declare file/config", "options do not change the call's identity"

@@ -6,7 +6,6 @@ against real worker processes in test_system.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,21 +19,10 @@ from apps.core.errors import Conflict, ValidationFailed
 from apps.records import services
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
-from graphene_project.celery import app as celery_app
 from kinds.testing import objects_of
 from tests import factories
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def eager() -> Iterator[None]:
-    celery_app.conf.task_always_eager = True
-    celery_app.conf.task_eager_propagates = True
-    try:
-        yield
-    finally:
-        celery_app.conf.task_always_eager = False
 
 
 def phases(*records: Record) -> list[str]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,7 +16,7 @@ from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from kinds.testing import objects_of
 from tests import factories
-from tests.conftest import REPO, Worker, process_env, wait_for
+from tests.conftest import Worker, running_beat, wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -109,18 +107,8 @@ def test_ttl_expiry_deletes_the_subtree_via_beat(workers: list[Worker], tmp_path
     other = factories.sleep(stand, "other")
     wait_for(lambda: all_in([held, inner, other], Phase.READY), what="ready")
     services.record_set_expiry(record=held, expires_at=timezone.now() + timedelta(seconds=2))
-    beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "graphene_project", "beat", "-s", str(tmp_path / "beat"), "-l", "INFO"],
-        cwd=REPO,
-        env=process_env(),
-        stdout=(tmp_path / "beat.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with running_beat(tmp_path):
         wait_for(lambda: all_in([held, inner], Phase.DELETED), timeout=40, what="the expired subtree to be deleted")
-    finally:
-        beat.terminate()
-        beat.wait(timeout=20)
     assert phase_of(other) == Phase.READY
     assert phase_of(stand) == Phase.READY
     assert Event.objects.filter(record=held, type=EventType.EXPIRED).count() == 1

@@ -33,6 +33,11 @@ class RecordOutput(serializers.ModelSerializer):
             "observed_generation",
             "attempts",
             "last_error",
+            "drift_policy",
+            "observe_every",
+            "observed_at",
+            "next_observe_at",
+            "heals",
             "created_by_run",
             "created_at",
             "updated_at",
@@ -71,6 +76,12 @@ class RecordApplyInput(serializers.Serializer):
     namespace = serializers.CharField(max_length=63, required=False, default="default")
     ttl_seconds = serializers.IntegerField(required=False, min_value=1, allow_null=True)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    on_drift = serializers.ChoiceField(
+        choices=["heal", "report"], default="heal", help_text="what the drift scheduler does on a difference"
+    )
+    reconcile_every_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=7 * 86400, help_text="default: the kind's interval"
+    )
 
     def validate_owner(self, value: Any) -> Any:
         if isinstance(value, list):
@@ -119,7 +130,7 @@ class KindOutput(serializers.Serializer):
     name = serializers.CharField()
     description = serializers.CharField()
     spec_schema = serializers.JSONField()
-    drift_interval_seconds = serializers.IntegerField()
+    drift_interval_seconds = serializers.IntegerField(allow_null=True)
 
 
 class TreeNode(serializers.Serializer):

@@ -138,6 +138,14 @@ def _detail(record: Record) -> dict[str, Any]:
     return dict(RecordDetailOutput(record, context=context).data)
 
 
+LOG_FILTER_PARAMS = [
+    OpenApiParameter("grep", str, description="only lines containing this text (case-insensitive)"),
+    OpenApiParameter("severity", str, description="at least this severity: debug, info, warning, error"),
+    OpenApiParameter("since", str, description="ISO 8601 date-time"),
+    OpenApiParameter("until", str, description="ISO 8601 date-time"),
+    OpenApiParameter("descendants", bool, description="include the subtree's lines (default true)"),
+]
+
 LIST_PARAMS = [
     OpenApiParameter("kind", str, description="exact kind, e.g. file"),
     OpenApiParameter("phase", str, description="comma-separated phases"),
@@ -226,6 +234,8 @@ class RecordViewSet(viewsets.GenericViewSet):
             spec=v["spec"],
             labels=v["labels"],
             expires_at=expires_at,
+            drift_policy=v["on_drift"],
+            observe_every=v.get("reconcile_every_seconds"),
             actor=request.user,
         )
         created = before is None
@@ -288,11 +298,7 @@ class RecordViewSet(viewsets.GenericViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("grep", str, description="only lines containing this text (case-insensitive)"),
-            OpenApiParameter("severity", str, description="at least this severity: debug, info, warning, error"),
-            OpenApiParameter("since", str, description="ISO 8601 date-time"),
-            OpenApiParameter("until", str, description="ISO 8601 date-time"),
-            OpenApiParameter("descendants", bool, description="include the subtree's lines (default true)"),
+            *LOG_FILTER_PARAMS,
             OpenApiParameter(
                 "tail",
                 int,
@@ -324,9 +330,7 @@ class RecordViewSet(viewsets.GenericViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("grep", str, description="only lines containing this text (case-insensitive)"),
-            OpenApiParameter("severity", str, description="at least this severity: debug, info, warning, error"),
-            OpenApiParameter("descendants", bool, description="include the subtree's lines (default true)"),
+            *LOG_FILTER_PARAMS,
             OpenApiParameter("after", int, description="start after this line id (or the Last-Event-ID header)"),
             OpenApiParameter("tail", int, description="start with the last N lines (default: from the first line)"),
         ],
@@ -412,7 +416,7 @@ class KindViewSet(viewsets.ViewSet):
             "name": kind.name,
             "description": kind.description,
             "spec_schema": kind.spec_schema,
-            "drift_interval_seconds": int(kind.drift_interval.total_seconds()),
+            "drift_interval_seconds": int(kind.drift_interval.total_seconds()) if kind.drift_interval else None,
         }
 
     @extend_schema(responses=KindOutput(many=True))
