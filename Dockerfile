@@ -11,6 +11,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# git: the git.checkout kind and the git actions run the git CLI (kinds/git/README.md).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends git \
+    && rm -rf /var/lib/apt/lists/*
+
 # Dependencies first, in their own layer: it is rebuilt only when the pins change.
 COPY requirements/base.txt requirements/base.txt
 RUN pip install -r requirements/base.txt

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "apps.pipelines",
     "apps.observability",
     "apps.agents",
+    "apps.secrets",
     "apps.api",
 ]
 
@@ -161,6 +162,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "apps.agents.tasks.agents_mark_lost_task",
         "schedule": schedule(timedelta(seconds=10)),
     },
+    "records-observe-due": {
+        "task": "apps.records.tasks.records_observe_due_task",
+        "schedule": schedule(timedelta(seconds=env.integer("GRAPHENE_OBSERVE_TICK_SECONDS", 2))),
+    },
     "records-sweep-orphans": {
         "task": "apps.records.tasks.records_sweep_task",
         "schedule": schedule(timedelta(minutes=10)),
@@ -234,12 +239,30 @@ GRAPHENE_OPERATION_LEASE_SECONDS = env.integer("GRAPHENE_OPERATION_LEASE_SECONDS
 # Records deleted by one task (records whose children are all gone; siblings kept together).
 # Per-batch costs dominate cheap deletes: 25 gave ~600 records/s, 100 ~1,090 (2 cores).
 GRAPHENE_DELETE_BATCH = env.integer("GRAPHENE_DELETE_BATCH", 100)
+# Drift: the scheduler claims at most this many due records per tick, in batches of this size.
+GRAPHENE_OBSERVE_SCAN_LIMIT = env.integer("GRAPHENE_OBSERVE_SCAN_LIMIT", 5000)
+GRAPHENE_OBSERVE_BATCH = env.integer("GRAPHENE_OBSERVE_BATCH", 200)
 # Pipelines: Python modules to import, and directories whose *.py files define pipelines.
 GRAPHENE_PIPELINE_MODULES = env.csv("GRAPHENE_PIPELINE_MODULES", [])
 GRAPHENE_PIPELINE_DIRS = env.csv("GRAPHENE_PIPELINE_DIRS", [str(BASE_DIR / "examples" / "pipelines")])
 # A worker executing a run renews its lease every third of this; a dead worker's run is
 # resumed elsewhere once it expires.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
+
+# --- Observability (apps.observability: /metrics, per-record series, traces) ----------------
+# /metrics answers without a token (a scraper on a private network); off by default.
+GRAPHENE_METRICS_PUBLIC = env.boolean("GRAPHENE_METRICS_PUBLIC", False)
+# A bearer token a scraper may send instead of a user's API token (optional).
+GRAPHENE_METRICS_TOKEN = env.string("GRAPHENE_METRICS_TOKEN")
+# How often each process adds the counters and histograms it observed to the shared totals.
+GRAPHENE_METRICS_FLUSH_SECONDS = float(env.integer("GRAPHENE_METRICS_FLUSH_MS", 10_000)) / 1000
+# How long per-record metric points and spans are kept (purged hourly by the beat).
+GRAPHENE_METRIC_POINTS_RETENTION = timedelta(days=env.integer("GRAPHENE_METRIC_POINTS_RETENTION_DAYS", 7))
+GRAPHENE_SPANS_RETENTION = timedelta(days=env.integer("GRAPHENE_SPANS_RETENTION_DAYS", 7))
+CELERY_BEAT_SCHEDULE["observability-purge"] = {
+    "task": "apps.observability.tasks.observability_purge_task",
+    "schedule": schedule(timedelta(hours=1)),
+}
 
 # --- Agents (apps.agents, agent/graphene_agent) ----------------------------------------------
 # The address agents dial, written into install scripts (http(s)://host[:port]; the agent
@@ -256,3 +279,23 @@ GRAPHENE_AGENT_HEARTBEAT_SECONDS = env.integer("GRAPHENE_AGENT_HEARTBEAT_SECONDS
 GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS = env.integer("GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS", 60)
 # Where build_agent writes the zipapp served at /agents/download.
 GRAPHENE_AGENT_PYZ = Path(env.string("GRAPHENE_AGENT_PYZ", str(DATA_DIR / "agent" / "graphene-agent.pyz")) or "")
+# ctx.agent_via_ssh: timeout of the TCP connect, banner and authentication; attempts at an
+# unreachable host (durable timers with backoff in between) before the call fails; and how
+# long an installed agent has to dial in before the call fails.
+GRAPHENE_AGENT_SSH_TIMEOUT_SECONDS = env.integer("GRAPHENE_AGENT_SSH_TIMEOUT_SECONDS", 20)
+GRAPHENE_AGENT_SSH_ATTEMPTS = env.integer("GRAPHENE_AGENT_SSH_ATTEMPTS", 5)
+GRAPHENE_AGENT_SSH_CONNECT_TIMEOUT_SECONDS = env.integer("GRAPHENE_AGENT_SSH_CONNECT_TIMEOUT_SECONDS", 300)
+
+# --- Secrets (apps.secrets) -------------------------------------------------------------------
+# Keys of the secret store's encryption at rest, comma-separated, newest first (the first
+# encrypts, all decrypt: rotate by prepending). Required in production. Without it, the key is
+# derived from SECRET_KEY, and changing SECRET_KEY makes the stored secrets unreadable.
+GRAPHENE_SECRETS_KEY = env.csv("GRAPHENE_SECRETS_KEY", [])
+
+# --- Docker kinds (kinds/docker) -------------------------------------------------------------
+# The dockerd the docker.* kinds talk to: GRAPHENE_DOCKER_HOST, else the standard DOCKER_HOST
+# (read here too, as the docker CLI would), else the local socket.
+GRAPHENE_DOCKER_HOST = env.string("GRAPHENE_DOCKER_HOST") or env.string("DOCKER_HOST") or "unix:///var/run/docker.sock"
+# The label value (graphene.scope) marking this installation's objects; the orphan sweeper
+# only touches objects of its own scope. Empty: derived from the database's identity.
+GRAPHENE_DOCKER_SCOPE = env.string("GRAPHENE_DOCKER_SCOPE", "") or ""

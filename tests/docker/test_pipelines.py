@@ -1,0 +1,132 @@
+"""Docker resources in real runs: real worker processes, the real dockerd, objects counted by label."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from apps.pipelines import services
+from apps.pipelines.choices import RunStatus
+from apps.pipelines.models import Run
+from apps.records import services as records
+from apps.records.choices import Phase
+from apps.records.models import Record
+from tests.conftest import Worker, wait_for
+from tests.docker import pipelines  # noqa: F401 - registers docker.web and docker.hang in this process
+from tests.docker.conftest import counts, labelled
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+PIPELINE_MODULES = "tests.pipelines.sample,tests.docker.pipelines"
+NOTHING = {"containers": 0, "networks": 0, "volumes": 0, "images": 0}
+
+
+@pytest.fixture
+def docker_workers(start_worker: Callable[..., Worker], monkeypatch: Any) -> list[Worker]:
+    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", PIPELINE_MODULES)
+    return [start_worker(), start_worker()]
+
+
+def finished(run: Run, timeout: float = 180) -> Run:
+    wait_for(
+        lambda: Run.objects.get(pk=run.pk).status in {"succeeded", "failed", "cancelled", "timed_out"},
+        timeout=timeout,
+        what=f"{run} to end",
+    )
+    return Run.objects.get(pk=run.pk)
+
+
+def run_records(run: Run) -> list[Record]:
+    return list(Record.objects.filter(created_by_run_id=run.record_id))
+
+
+def reaches(record: Record, phase: str, timeout: float = 60) -> None:
+    """Wait for the record's phase; on timeout, say where it is and why (its events)."""
+    try:
+        wait_for(lambda: Record.objects.get(pk=record.pk).phase == phase, timeout=timeout, what=f"{record} {phase}")
+    except AssertionError:
+        now = Record.objects.get(pk=record.pk)
+        events = list(now.events.order_by("id").values_list("type", "reason", "message"))
+        raise AssertionError(f"{record} is {now.phase}, not {phase}: {now.last_error!r}; events {events}") from None
+
+
+def all_deleted(run: Run) -> bool:
+    return all(r.phase == Phase.DELETED for r in run_records(run))
+
+
+def test_a_pipeline_builds_an_environment_with_the_docker_library_and_cleans_it_up(
+    docker_workers: list[Worker], rootfs_tar: Path, docker_client: docker.DockerClient
+) -> None:
+    run = services.run_start(pipeline_name="docker.web", inputs={"rootfs_tar": str(rootfs_tar)})
+    run = finished(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.outputs is not None
+    assert run.outputs["body"] == "hello-from-web"
+    assert run.outputs["exit_code"] == 0
+    assert run.outputs["web_address"]
+    declared = {r.kind: r for r in run_records(run)}
+    assert set(declared) == {"docker.image", "docker.network", "docker.container", "docker.job"}
+    assert declared["docker.container"].parent_id == declared["docker.network"].pk
+    # The run is over: everything it owned is deleted, in dockerd too.
+    wait_for(lambda: all_deleted(run), timeout=120, what="the run's records to be deleted")
+    assert counts(docker_client, list(declared.values())) == NOTHING
+
+
+def test_cancelling_a_run_waiting_for_a_container_leaves_nothing_behind(
+    docker_workers: list[Worker], image: str, docker_client: docker.DockerClient
+) -> None:
+    run = services.run_start(pipeline_name="docker.hang", inputs={"image": image})
+
+    def waiting_on_a_made_container() -> bool:
+        made = counts(docker_client, run_records(run))
+        return made["containers"] == 1 and Run.objects.get(pk=run.pk).status == RunStatus.SUSPENDED
+
+    wait_for(waiting_on_a_made_container, timeout=120, what="the run to wait on its container")
+    assert counts(docker_client, run_records(run)) == {"containers": 1, "networks": 1, "volumes": 1, "images": 0}
+    stuck = Record.objects.get(created_by_run_id=run.record_id, kind="docker.container")
+    assert stuck.phase == Phase.CREATING  # its create is still waiting for the log line
+
+    services.run_cancel(run=run)
+    assert finished(run).status == RunStatus.CANCELLED
+    wait_for(lambda: all_deleted(run), timeout=120, what="everything the run owned to be deleted")
+    assert counts(docker_client, run_records(run)) == NOTHING
+
+
+def test_a_worker_killed_while_creating_leaves_one_container_which_is_adopted(
+    start_worker: Callable[..., Worker], image: str, docker_client: docker.DockerClient
+) -> None:
+    doomed = start_worker("doomed", concurrency=1)
+    owner = records.record_create_root(kind="graphene.stand", name="docker-crash")
+    record = records.record_declare(
+        kind="docker.container",
+        name="db",
+        owner=owner,
+        spec={
+            "image": image,
+            "command": ["sh", "-c", "while true; do sleep 1; done"],
+            "healthcheck": {"test": ["CMD-SHELL", "test -f /tmp/go"], "interval_s": 0.2, "retries": 1},
+            "ready_when": "healthy",
+        },
+    )
+    (made,) = wait_for(lambda: labelled(docker_client, record)["containers"], timeout=60, what="the container")
+    assert Record.objects.get(pk=record.pk).phase == Phase.CREATING
+    doomed.kill()  # mid-create: the container exists, the record does not know it yet
+
+    start_worker("survivor")
+    # The beat's reconciler: the create's lease ran out, so it is enqueued again.
+    wait_for(lambda: records.records_reconcile() > 0, timeout=30, what="the reconciler to retry the create")
+    docker_client.containers.get(made.id).exec_run(["touch", "/tmp/go"])
+    reaches(record, Phase.READY)
+
+    record.refresh_from_db()
+    assert record.outputs["id"] == made.id
+    assert record.outputs["adopted"] is True
+    assert counts(docker_client, record)["containers"] == 1
+
+    records.record_delete_request(record=owner)
+    reaches(record, Phase.DELETED)
+    assert counts(docker_client, record) == NOTHING
