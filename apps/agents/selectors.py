@@ -10,9 +10,10 @@ from django.db.models import QuerySet
 from apps.agents.models import Agent, AgentCommand
 from apps.agents.services import AGENT_KIND
 from apps.core.errors import NotFound, ValidationFailed
+from apps.core.selectors import get_by_uuid
 from apps.records.choices import Phase
 from apps.records.models import Record
-from apps.records.selectors import User, record_visible
+from apps.records.selectors import User, filter_labels, record_visible
 
 COMMAND_EXEC_PERMISSION = "agents.add_agentcommand"
 
@@ -29,19 +30,12 @@ def agent_list(
     elif connected is False:
         qs = qs.exclude(agent_state__session__isnull=False)
     if labels:
-        qs = qs.filter(labels__contains=labels)
+        qs = filter_labels(qs, labels)
     return qs
 
 
 def agent_get(*, user: User, agent_id: Any) -> Record:
-    try:
-        pk = uuid.UUID(str(agent_id))
-    except ValueError:
-        raise NotFound(f"no agent {agent_id!r}: agent ids are UUIDs") from None
-    record = agent_list(user=user, include_deleted=True).filter(pk=pk).first()
-    if record is None:
-        raise NotFound(f"no agent {agent_id}")
-    return record
+    return get_by_uuid(agent_list(user=user, include_deleted=True), agent_id, noun="agent")
 
 
 def agent_state(*, record: Record) -> Agent | None:

@@ -29,6 +29,15 @@ def record_get(*, user: User, record_id: Any) -> Record:
     return get_by_uuid(record_visible(user=user), record_id, noun="record")
 
 
+def filter_labels(qs: QuerySet[Record], labels: dict[str, str]) -> QuerySet[Record]:
+    """Records carrying every ``labels`` pair."""
+    if connection.vendor == "postgresql":
+        return qs.filter(labels__contains=labels)  # jsonb @>, indexable
+    for key, value in labels.items():  # SQLite (embedded) has no JSON containment
+        qs = qs.filter(**{f"labels__{key}": value})
+    return qs
+
+
 def parse_label_selector(values: list[str]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for value in values:
@@ -69,11 +78,7 @@ def record_list(
     if owner:
         qs = qs.filter(parent_id=owner)
     if labels:
-        if connection.vendor == "postgresql":
-            qs = qs.filter(labels__contains=labels)  # jsonb @>
-        else:  # SQLite (embedded) has no JSON containment: one key lookup per label
-            for key, value in labels.items():
-                qs = qs.filter(**{f"labels__{key}": value})
+        qs = filter_labels(qs, labels)
     if name_prefix:
         qs = qs.filter(name__startswith=name_prefix)
     if created_after:

@@ -131,9 +131,11 @@ def _listing(
     quiet: bool,
 ) -> Listing:
     client = session.client()
-    record_filters = bool(labels or kind or phases or owner or name_prefix or include_deleted)
+    record_filters = bool(kind or phases or owner or name_prefix or include_deleted)
     if record_filters and (res.name != "record" or ident):
-        raise UsageError("-l/--label, --kind, --phase, --owner, --name-prefix and --include-deleted filter records")
+        raise UsageError("--kind, --phase, --owner, --name-prefix and --include-deleted filter records")
+    if labels and (res.name not in ("record", "agent") or ident):
+        raise UsageError("-l/--label filters records and agents")
     if (pipeline or statuses) and (res.name != "run" or ident):
         raise UsageError("--pipeline and --status filter runs")
     for label in labels:
@@ -180,6 +182,8 @@ def _listing(
                 keep = lambda r: r.get("phase") != "deleted"  # noqa: E731
         elif res.name == "run":
             params = {"pipeline": pipeline, "status": ",".join(s for st in statuses for s in st.split(",") if s)}
+        elif res.name == "agent":
+            params = {"label": labels}
         items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
         if more and not quiet:
             info(f"showing the newest {len(items)} {res.plural}; more exist (--limit N shows more)")
@@ -222,7 +226,7 @@ def get(
         str,
         typer.Argument(
             metavar="TYPE",
-            help="records | runs | pipelines | stands | kinds | orphans",
+            help="records | runs | pipelines | stands | agents | kinds | orphans",
             autocompletion=complete_resource,
             show_default=False,
         ),
@@ -232,7 +236,8 @@ def get(
         typer.Argument(metavar="ID", help="one item: a record or run id, a pipeline/stand/kind name"),
     ] = None,
     label: Annotated[
-        list[str] | None, typer.Option("--label", "-l", help="records with label k=v (repeatable; all must match)")
+        list[str] | None,
+        typer.Option("--label", "-l", help="records or agents with label k=v (repeatable; all must match)"),
     ] = None,
     kind: Annotated[str | None, typer.Option("--kind", help="records of this kind, e.g. file")] = None,
     phase: Annotated[
@@ -252,7 +257,7 @@ def get(
     interval: IntervalOpt = 2.0,
     output: OutputOpt = Format.table,
 ) -> None:
-    """List records, runs, pipelines, stands, kinds or orphans, or show one by ID.
+    """List records, runs, pipelines, stands, agents, kinds or orphans, or show one by ID.
 
     Examples:
 
@@ -452,7 +457,28 @@ def _describe_stand(s: dict[str, Any]) -> None:
     info(f"extend a holding: graphenectl extend <id> --by 4h · its tree: graphenectl tree stand/{s['pipeline']}")
 
 
+def _describe_agent(a: dict[str, Any]) -> None:
+    _kv(
+        [
+            ("Name", a["name"]),
+            ("ID", a["id"]),
+            ("Phase", _styled(a["phase"])),
+            ("Connected", "yes" if a.get("connected") else "no"),
+            ("Connected at", a.get("connected_at")),
+            ("Last seen", a.get("last_seen_at")),
+            ("Disconnected at", a.get("disconnected_at")),
+            ("Version", a.get("version")),
+            ("Peer", a.get("peer")),
+        ]
+    )
+    _block("Labels", a.get("labels"))
+    _block("Facts", a.get("facts"))
+    _block("Conditions", a.get("conditions"))
+    info(f"its commands' output: graphenectl logs {a['id']} -f")
+
+
 _DESCRIBERS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "agent": _describe_agent,
     "record": _describe_record,
     "run": _describe_run,
     "pipeline": _describe_pipeline,
@@ -474,7 +500,7 @@ def describe(
     client = session.client()
     res, key = (resource(ref), ident) if ident else split_ref(ref)
     if res.name not in _DESCRIBERS:
-        raise UsageError(f"describe takes a record, run, pipeline, kind or stand, not {res.plural}")
+        raise UsageError(f"describe takes a record, run, pipeline, kind, stand or agent, not {res.plural}")
     if res.name == "record" and ident is None and "/" not in ref:
         try:
             body = client.get(res.item_path(key))

@@ -1,7 +1,7 @@
 """The nouns graphenectl reads: their REST paths, table columns and ``-o name`` form.
 
 References on the command line are ``TYPE/ID`` (``record/<uuid>``, ``run/<uuid>``,
-``pipeline/hello``, ``stand/hello``, ``kind/file``) or a bare id, which means a record.
+``pipeline/hello``, ``stand/hello``, ``agent/<uuid>``, ``kind/file``) or a bare id, which means a record.
 """
 
 from __future__ import annotations
@@ -85,6 +85,25 @@ HOLDING_COLUMNS = [
     Column("LABELS", _labels, wide=True),
 ]
 
+
+def _facts(a: dict[str, Any]) -> str:
+    facts = a.get("facts") or {}
+    parts = [facts.get("hostname"), facts.get("os"), facts.get("arch")]
+    return " ".join(str(p) for p in parts if p) or "-"
+
+
+AGENT_COLUMNS = [
+    Column("ID", lambda a: a["id"]),
+    Column("NAME", lambda a: a["name"]),
+    Column("PHASE", lambda a: a["phase"], styled=True),
+    Column("CONNECTED", lambda a: "yes" if a.get("connected") else "no"),
+    Column("SEEN", lambda a: age(a.get("last_seen_at")) if a.get("last_seen_at") else "-"),
+    Column("MACHINE", _facts),
+    Column("VERSION", lambda a: a.get("version") or "-", wide=True),
+    Column("PEER", lambda a: a.get("peer") or "-", wide=True),
+    Column("LABELS", _labels, wide=True),
+]
+
 KIND_COLUMNS = [
     Column("NAME", lambda k: k["name"]),
     Column("DRIFT CHECK", lambda k: f"{k['drift_interval_seconds']}s" if k.get("drift_interval_seconds") else "-"),
@@ -138,6 +157,7 @@ RESOURCES = {
         Resource("run", "runs", (), "runs", RUN_COLUMNS, "id", True),
         Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", False),
         Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False),
+        Resource("agent", "agents", ("ag",), "agents", AGENT_COLUMNS, "id", True),
         Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),
         Resource("orphan", "orphans", (), "orphans", EVENT_COLUMNS, "id", True),
     ]

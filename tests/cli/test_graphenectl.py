@@ -241,6 +241,28 @@ def test_get_describe_tree_and_events_match_the_api(server: Server, ctl: Ctl, tm
     assert "phase_changed" in ctl.ok("events", applied["id"]).out
 
 
+def test_get_and_describe_agents(server: Server, ctl: Ctl) -> None:
+    root = stand(ctl)
+    name = unique("machine")
+    status, body = server.api(
+        "POST", "records/", {"kind": "agent", "name": name, "owner": root, "labels": {"team": name}}
+    )
+    assert status == 201, body
+    agents = ctl.ok("get", "agents", "-o", "json").json()
+    assert agents == server.get("agents/?limit=1000")["results"]
+    mine = ctl.ok("get", "agents", "-l", f"team={name}", "-o", "json").json()
+    assert [a["id"] for a in mine] == [body["id"]]
+    assert mine[0]["connected"] is False
+    assert name in ctl.ok("get", "agents").out
+    described = ctl.ok("describe", f"agent/{body['id']}").out
+    assert "Connected:" in described
+    assert name in described
+    assert ctl.ok("get", "agent", body["id"], "-o", "json").json() == server.get(f"agents/{body['id']}/")
+    refused = ctl("get", "agents", "--phase", "ready")
+    assert refused.code == 2
+    assert "filter records" in refused.err
+
+
 def test_get_lists_pipelines_kinds_and_stands(server: Server, ctl: Ctl) -> None:
     assert ctl.ok("get", "pipelines", "-o", "json").json() == server.get("pipelines/")
     names = ctl.ok("get", "pipelines", "-o", "name").out.split()
