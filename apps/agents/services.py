@@ -43,7 +43,7 @@ from apps.agents.models import Agent, AgentCommand, AgentToken
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.observability import hooks as observability  # observability: command spans (issue 8)
-from apps.observability.models import LogLine
+from apps.observability.services import LogEntry, log_write_many
 from apps.records import services as records
 from apps.records.choices import EventType, Phase
 from apps.records.models import Record
@@ -740,12 +740,10 @@ def _log_lines(command: AgentCommand, lines: Sequence[str], *, stream: str) -> N
     now = _now()
     source = f"command/{command.pk}"
     targets = [command.agent_id, *command.log_record_ids]
-    LogLine.objects.bulk_create(
-        [
-            LogLine(record_id=target, at=now, stream=stream, severity="info", source=source, message=line)
-            for target in targets
-            for line in lines
-        ]
+    log_write_many(
+        LogEntry(record_id=target, message=line, stream=stream, source=source, at=now)
+        for target in targets
+        for line in lines
     )
 
 

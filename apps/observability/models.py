@@ -21,10 +21,35 @@ class LogLine(models.Model):
     message = models.TextField()
 
     class Meta:
-        indexes = [models.Index(fields=["record", "id"], name="logline_record_id")]
+        indexes = [
+            models.Index(fields=["record", "id"], name="logline_record_id"),
+            models.Index(fields=["at"], name="logline_at"),  # the retention purge
+        ]
 
     def __str__(self) -> str:
         return self.message[:80]
+
+
+class LogDrop(models.Model):
+    """How many lines the log bounds removed from a record's log (too many lines for one
+    record, or older than the retention): reported with its logs and as events, never silent."""
+
+    record = models.OneToOneField("records.Record", primary_key=True, on_delete=models.CASCADE, related_name="log_drop")
+    lines = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.lines} line(s) dropped from {self.record_id}"
+
+
+class LogTrimMark(models.Model):
+    """Where the per-record bound check stopped: the next one looks only at newer lines."""
+
+    name = models.CharField(primary_key=True, max_length=40)
+    last_id = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} checked up to line {self.last_id}"
 
 
 class MetricPoint(models.Model):

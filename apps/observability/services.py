@@ -11,10 +11,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
 from apps.core.errors import ValidationFailed
-from apps.observability.models import LogLine, MetricPoint, Span
+from apps.observability.models import LogDrop, LogLine, LogTrimMark, MetricPoint, Span
 
 SEVERITIES = ("debug", "info", "warning", "error")
 # Prometheus' metric and label name rules, so that series can be exported as they are.
@@ -36,6 +37,106 @@ def log_write(
     return LogLine.objects.create(
         record_id=record_id, at=timezone.now(), stream=stream, severity=severity, source=source[:120], message=message
     )
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One line for ``log_write_many``."""
+
+    record_id: Any
+    message: str
+    stream: str = "stdout"
+    severity: str = "info"
+    source: str = ""
+    at: datetime | None = None
+
+
+def log_write_many(entries: Iterable[LogEntry]) -> int:
+    """Append many lines in one INSERT per 1,000 (a command's or container's output)."""
+    now = timezone.now()
+    rows = [
+        LogLine(
+            record_id=e.record_id,
+            at=e.at or now,
+            stream=e.stream,
+            severity=e.severity if e.severity in SEVERITIES else "info",
+            source=e.source[:120],
+            message=e.message,
+        )
+        for e in entries
+    ]
+    LogLine.objects.bulk_create(rows, batch_size=1000)
+    return len(rows)
+
+
+def logs_trim(*, now: datetime | None = None) -> dict[str, int]:
+    """Keep logs within their bounds: lines older than ``GRAPHENE_LOG_RETENTION`` go, and a
+    record keeps its newest ``GRAPHENE_LOG_MAX_LINES_PER_RECORD``. What goes is counted per
+    record (``LogDrop``, shown with its logs) and told in one ``logs_trimmed`` event each.
+
+    The bound is checked only for records that wrote since the last check (lines after the
+    ``LogTrimMark``), each through the (record, id) index: cost follows what was written,
+    not the size of the table.
+    """
+    from collections import Counter
+
+    now = now or timezone.now()
+    dropped: Counter[Any] = Counter()
+    cutoff = now - settings.GRAPHENE_LOG_RETENTION
+    for _ in range(PURGE_ROUNDS):
+        rows = list(LogLine.objects.filter(at__lt=cutoff).order_by("at").values_list("pk", "record_id")[:PURGE_BATCH])
+        if not rows:
+            break
+        with transaction.atomic():
+            LogLine.objects.filter(pk__in=[pk for pk, _ in rows]).delete()
+        dropped.update(record_id for _, record_id in rows)
+        if len(rows) < PURGE_BATCH:
+            break
+    aged = sum(dropped.values())
+    bound = settings.GRAPHENE_LOG_MAX_LINES_PER_RECORD
+    mark, _ = LogTrimMark.objects.get_or_create(name="bounds")
+    newest = LogLine.objects.order_by("-id").values_list("id", flat=True).first() or mark.last_id
+    writers = LogLine.objects.filter(id__gt=mark.last_id, id__lte=newest).values_list("record_id", flat=True)
+    for record_id in set(writers):
+        beyond = list(
+            LogLine.objects.filter(record_id=record_id).order_by("-id").values_list("id", flat=True)[bound : bound + 1]
+        )
+        if beyond:
+            with transaction.atomic():
+                dropped[record_id] += LogLine.objects.filter(record_id=record_id, id__lte=beyond[0]).delete()[0]
+    LogTrimMark.objects.filter(name="bounds").update(last_id=newest)
+    _report_drops(dropped, now)
+    return {"aged": aged, "bounded": sum(dropped.values()) - aged, "records": len(dropped)}
+
+
+def _report_drops(dropped: Mapping[Any, int], now: datetime) -> None:
+    from apps.records.choices import EventType
+    from apps.records.models import Record
+    from apps.records.services import record_event_write
+
+    live = set(Record.objects.filter(pk__in=list(dropped)).values_list("pk", flat=True))
+    for record_id, lines in dropped.items():
+        if record_id not in live or not lines:
+            continue
+        with transaction.atomic():
+            updated = LogDrop.objects.filter(record_id=record_id).update(lines=F("lines") + lines, updated_at=now)
+            if not updated:
+                LogDrop.objects.create(record_id=record_id, lines=lines, updated_at=now)
+            record_event_write(
+                record_id,
+                EventType.LOGS_TRIMMED,
+                reason="LogsTrimmed",
+                message=f"{lines} log line(s) removed by the log bounds (age or lines per record)",
+                data={"lines": lines},
+            )
+
+
+def log_dropped(record_ids: Iterable[Any]) -> int:
+    """Lines the bounds removed from these records' logs so far (``record_ids``: ids, or a
+    ``values_list`` queryset used as a subquery)."""
+    ids = record_ids if isinstance(record_ids, QuerySet) else list(record_ids)
+    total = LogDrop.objects.filter(record_id__in=ids).aggregate(n=Sum("lines"))["n"]
+    return int(total or 0)
 
 
 @dataclass(frozen=True)

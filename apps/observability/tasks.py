@@ -11,3 +11,8 @@ from apps.observability import services
 @shared_task(acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=1, max_retries=3)
 def observability_purge_task() -> dict[str, int]:
     return services.observability_purge()
+
+
+@shared_task(acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=1, max_retries=3)
+def logs_trim_task() -> dict[str, int]:
+    return services.logs_trim()

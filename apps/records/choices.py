@@ -73,3 +73,5 @@ class EventType(models.TextChoices):
     ORPHAN_DELETE_FAILED = "orphan_delete_failed", "Orphan delete failed"
     # Observation found the object differs from its spec (data: the changed fields) or is gone.
     DRIFT_DETECTED = "drift_detected", "Drift detected"
+    # The log bounds removed lines from the record's log (data: how many).
+    LOGS_TRIMMED = "logs_trimmed", "Logs trimmed"

@@ -259,6 +259,14 @@ GRAPHENE_METRICS_FLUSH_SECONDS = float(env.integer("GRAPHENE_METRICS_FLUSH_MS", 
 # How long per-record metric points and spans are kept (purged hourly by the beat).
 GRAPHENE_METRIC_POINTS_RETENTION = timedelta(days=env.integer("GRAPHENE_METRIC_POINTS_RETENTION_DAYS", 7))
 GRAPHENE_SPANS_RETENTION = timedelta(days=env.integer("GRAPHENE_SPANS_RETENTION_DAYS", 7))
+# Log bounds (checked every 5 minutes): lines older than this go, and a record keeps at most
+# this many of its newest lines; what is removed is counted per record and reported.
+GRAPHENE_LOG_RETENTION = timedelta(days=env.integer("GRAPHENE_LOG_RETENTION_DAYS", 30))
+GRAPHENE_LOG_MAX_LINES_PER_RECORD = env.integer("GRAPHENE_LOG_MAX_LINES_PER_RECORD", 200_000)
+CELERY_BEAT_SCHEDULE["logs-trim"] = {
+    "task": "apps.observability.tasks.logs_trim_task",
+    "schedule": schedule(timedelta(minutes=5)),
+}
 CELERY_BEAT_SCHEDULE["observability-purge"] = {
     "task": "apps.observability.tasks.observability_purge_task",
     "schedule": schedule(timedelta(hours=1)),

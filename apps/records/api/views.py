@@ -25,6 +25,7 @@ from rest_framework.response import Response
 from apps.api.pagination import NewestFirst, OldestFirstById
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import log_lines
+from apps.observability.services import log_dropped
 from apps.records import selectors, services
 from apps.records.api.serializers import (
     EventOutput,
@@ -310,23 +311,36 @@ class RecordViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
     def logs(self, request: Request, pk: str) -> Response:
         """The record's log lines (a run's include everything it declared), oldest first."""
-        rows = self._log_rows(request, pk)
+        rows, covered = self._log_rows(request, pk)
         if request.query_params.get("tail"):
-            return self._logs_tail(request, rows, _int_param(request, "tail", 0, 1, 10_000))
-        page = self.paginate_queryset(rows)
-        return self.get_paginated_response(_log_output(page or []))
+            response = self._logs_tail(request, rows, _int_param(request, "tail", 0, 1, 10_000))
+        else:
+            page = self.paginate_queryset(rows)
+            response = self.get_paginated_response(_log_output(page or []))
+        # Never silent: how many lines the log bounds removed from what this view covers.
+        response.data["dropped"] = log_dropped(covered)
+        return response
 
-    def _log_rows(self, request: Request, pk: str) -> Any:
+    def _log_rows(self, request: Request, pk: str) -> tuple[Any, Any]:
+        """The filtered lines (as ``values()`` rows) and the ids of the records they cover."""
         record = selectors.record_get(user=request.user, record_id=pk)
+        descendants = request.query_params.get("descendants", "true").lower() not in {"0", "false", "no"}
+        covered: Any = (
+            Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght).values_list(
+                "pk", flat=True
+            )
+            if descendants
+            else [record.pk]
+        )
         lines = log_lines(
             record=record,
-            include_descendants=request.query_params.get("descendants", "true").lower() not in {"0", "false", "no"},
+            include_descendants=descendants,
             grep=request.query_params.get("grep"),
             min_severity=request.query_params.get("severity"),
             since=_datetime_param(request, "since"),
             until=_datetime_param(request, "until"),
         )
-        return lines.values(*_LOG_FIELDS)
+        return lines.values(*_LOG_FIELDS), covered
 
     @extend_schema(
         parameters=[
@@ -341,7 +355,7 @@ class RecordViewSet(viewsets.GenericViewSet):
         """Follow the record's log live as server-sent events: one ``log`` event per line
         (``id`` = the line id, ``data`` = the line as JSON), a comment as keep-alive every
         15 s. Reconnecting clients resume after the ``Last-Event-ID`` they saw."""
-        rows = self._log_rows(request, pk)
+        rows, _covered = self._log_rows(request, pk)
         after = _int_param(request, "after", 0, 0, 2**62)
         last_event = request.headers.get("Last-Event-ID", "")
         if last_event.isdigit():
