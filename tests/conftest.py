@@ -133,6 +133,16 @@ def eager() -> Iterator[None]:
         app.conf.task_always_eager = False
 
 
+class WithUser:
+    """An ASGI app wrapper that puts ``user`` in the scope, as AuthMiddlewareStack would."""
+
+    def __init__(self, app: Any, user: Any) -> None:
+        self.app, self.user = app, user
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
+        return await self.app({**scope, "user": self.user}, receive, send)
+
+
 def purge_queue() -> None:
     from graphene_project.celery import app
 

@@ -17,26 +17,16 @@ from apps.pipelines.models import Run
 from apps.records.choices import Phase
 from apps.records.models import Record
 from graphene_project.routing import websocket_urlpatterns
-from tests.conftest import Worker, wait_for
+from tests.conftest import WithUser, Worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class _WithUser:
-    """Puts a user in the scope, as AuthMiddlewareStack does from the session."""
-
-    def __init__(self, app: Any, user: Any) -> None:
-        self.app, self.user = app, user
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
-        return await self.app({**scope, "user": self.user}, receive, send)
 
 
 def test_watch_stream_reports_status_changes(user: Any) -> None:
     run = services.run_start(pipeline_name="sample.sleep", inputs={})
 
     async def watch() -> list[Any]:
-        app = _WithUser(URLRouter(websocket_urlpatterns), user)
+        app = WithUser(URLRouter(websocket_urlpatterns), user)
         one = WebsocketCommunicator(app, f"/ws/runs/{run.pk}/")
         every = WebsocketCommunicator(app, "/ws/runs/")
         assert (await one.connect())[0]
@@ -53,7 +43,7 @@ def test_watch_stream_reports_status_changes(user: Any) -> None:
 
 def test_watch_stream_requires_authentication() -> None:
     async def connect() -> tuple[bool, Any]:
-        app = _WithUser(URLRouter(websocket_urlpatterns), AnonymousUser())
+        app = WithUser(URLRouter(websocket_urlpatterns), AnonymousUser())
         result: tuple[bool, Any] = await WebsocketCommunicator(app, "/ws/runs/").connect()
         return result
 

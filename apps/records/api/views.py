@@ -58,11 +58,11 @@ def _datetime_param(request: Request, name: str) -> Any:
     return value
 
 
-_LOG_FIELDS = ("id", "record_id", "record__name", "at", "stream", "severity", "source", "message")
+LOG_FIELDS = ("id", "record_id", "record__name", "at", "stream", "severity", "source", "message")
 _AT = serializers.DateTimeField()
 
 
-def _log_output(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def log_output(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """``LogLineOutput``'s shape from ``values()`` rows: logs are read in pages of hundreds,
     and a ModelSerializer per line cost ten times the query (bench/logs_query.py)."""
     return [
@@ -105,7 +105,7 @@ async def _log_events(rows: Any, after: int) -> AsyncIterator[str]:
     quiet_since = time.monotonic()
     while True:
         batch = await sync_to_async(fetch)(after)
-        for line in _log_output(batch):
+        for line in log_output(batch):
             yield f"id: {line['id']}\nevent: log\ndata: {json.dumps(line)}\n\n"
             after = line["id"]
         if batch:
@@ -316,7 +316,7 @@ class RecordViewSet(viewsets.GenericViewSet):
             response = self._logs_tail(request, rows, _int_param(request, "tail", 0, 1, 10_000))
         else:
             page = self.paginate_queryset(rows)
-            response = self.get_paginated_response(_log_output(page or []))
+            response = self.get_paginated_response(log_output(page or []))
         # Never silent: how many lines the log bounds removed from what this view covers.
         response.data["dropped"] = log_dropped(covered)
         return response
@@ -340,7 +340,7 @@ class RecordViewSet(viewsets.GenericViewSet):
             since=_datetime_param(request, "since"),
             until=_datetime_param(request, "until"),
         )
-        return lines.values(*_LOG_FIELDS), covered
+        return lines.values(*LOG_FIELDS), covered
 
     @extend_schema(
         parameters=[
@@ -380,7 +380,7 @@ class RecordViewSet(viewsets.GenericViewSet):
             paginator = OldestFirstById()
             paginator.base_url = following
             following = paginator.encode_cursor(Cursor(offset=0, reverse=False, position=newest[-1]["id"]))
-        return Response({"next": following, "previous": None, "results": _log_output(newest)})
+        return Response({"next": following, "previous": None, "results": log_output(newest)})
 
     @extend_schema(request=TransferInput, responses=RecordDetailOutput)
     @action(detail=True, methods=["post"])
