@@ -19,6 +19,10 @@ How spans are written, by where they happen:
   records the outcome (one bulk INSERT per batch), so a span exists exactly when the outcome
   was committed.
 
+Export: when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, every span written here is also queued,
+once its transaction commits, for export over OTLP/HTTP (``otlp.py``), plus the run's root
+span when an execution ends the run (it is not stored: see below).
+
 Trace ids: a run's trace id is its run id (a UUID is 128 bits); the root span (the run
 itself) has a span id derived from the run id and is built from the run's row when the
 trace is read, so it is right whatever ended the run (the engine, a cancel, a timeout).
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.observability import otlp
 from apps.observability.models import Span, SpanStatus
 
 if TYPE_CHECKING:
@@ -120,9 +125,18 @@ def root_trace(root_record_id: Any) -> tuple[str, str, str]:
 
 
 def spans_write(spans: list[Span]) -> None:
-    """Insert spans in one statement (in the caller's transaction, if any)."""
+    """Insert spans in one statement (in the caller's transaction, if any); export them over
+    OTLP once that commits, if export is on."""
     if spans:
         Span.objects.bulk_create(spans)
+        _export_on_commit([otlp.SpanData.of(span) for span in spans] if otlp.exporter() else [])
+
+
+def _export_on_commit(spans: list[otlp.SpanData]) -> None:
+    """Queue spans for OTLP export when the current transaction commits (at once outside one):
+    a collector never sees a span the database rolled back."""
+    if spans:
+        transaction.on_commit(lambda: otlp.export(spans), robust=True)
 
 
 class RunTelemetry:
@@ -139,6 +153,8 @@ class RunTelemetry:
         self.trace_id = trace_id_of(run.pk)
         self.root_span = run_span_id(run.pk)
         self.attempt = run.attempt
+        self.run_number = run.number
+        self.run_created_at = run.created_at
         self.started_at = now()
         self.span_id = new_span_id()
         self._steps: list[_Step] = []  # (name, seq, started_at, ended_at, attempts, guarantee, error)
@@ -159,11 +175,14 @@ class RunTelemetry:
         if full:
             self.flush()
 
-    def _insert_steps(self, steps: list[_Step]) -> None:
+    def _insert_steps(self, steps: list[_Step]) -> list[otlp.SpanData]:
         """The steps' spans and duration points, built as plain parameters (model instances and
-        ``bulk_create`` cost ~0.2 ms per step here)."""
+        ``bulk_create`` cost ~0.2 ms per step here). Returns the spans to export (none when
+        export is off)."""
         if not steps:
-            return
+            return []
+        exporting = otlp.exporter() is not None
+        exported: list[otlp.SpanData] = []
         postgres = connection.vendor == "postgresql"
         at = connection.ops.adapt_datetimefield_value
 
@@ -184,21 +203,39 @@ class RunTelemetry:
                 "graphene.guarantee": guarantee,
                 "graphene.run.attempt": self.attempt,
             }
+            span_id, span_name = new_span_id(), f"step {name}"[:200]
+            status, status_message = (SpanStatus.ERROR.value, message(error)) if error else (SpanStatus.OK.value, "")
             span_rows.append(
                 (
                     self.trace_id,
-                    new_span_id(),
+                    span_id,
                     self.root_span,
-                    f"step {name}"[:200],
+                    span_name,
                     record_id,
                     run_id,
                     at(started_at),
                     at(ended_at),
-                    SpanStatus.ERROR.value if error else SpanStatus.OK.value,
-                    message(error) if error else "",
+                    status,
+                    status_message,
                     json.dumps(attributes),
                 )
             )
+            if exporting:
+                exported.append(
+                    otlp.SpanData(
+                        trace_id=self.trace_id,
+                        span_id=span_id,
+                        parent_span_id=self.root_span,
+                        name=span_name,
+                        started_at=started_at,
+                        ended_at=ended_at,
+                        status=status,
+                        status_message=status_message,
+                        attributes=attributes,
+                        record_id=self.record_id,
+                        run_id=self.run_id,
+                    )
+                )
             if record_id is not None:
                 seconds = (ended_at - started_at).total_seconds()
                 point_rows.append((record_id, STEP_DURATION, json.dumps({"step": name}), at(ended_at), seconds))
@@ -223,6 +260,7 @@ class RunTelemetry:
                         # Constant table and column names; the values go as parameters.
                         sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"  # noqa: S608
                         cursor.executemany(sql, rows)
+        return exported
 
     def flush(self) -> None:
         with self._lock:
@@ -232,7 +270,8 @@ class RunTelemetry:
             return
         try:
             with transaction.atomic():
-                self._insert_steps(steps)
+                exported = self._insert_steps(steps)
+                _export_on_commit(exported)
                 spans_write(spans)
         except Exception:
             logger.warning("run %s: could not write %d span(s)", self.run_id, len(steps) + len(spans), exc_info=True)
@@ -265,3 +304,33 @@ class RunTelemetry:
         with self._lock:
             self._spans.append(span)
         self.flush()
+        if outcome in ("succeeded", "failed") and otlp.exporter() is not None:
+            self._export_run_span(outcome, ended, error)
+
+    def _export_run_span(self, outcome: str, ended: datetime, error: str) -> None:
+        """The run's root span, for the collector only: the database builds it from the run's
+        row when a trace is read (``selectors._run_node``, whose fields these are). Sent when
+        the engine ends the run; a run ended elsewhere (cancelled, timed out) has none there."""
+        try:
+            failed = outcome == "failed"
+            span = otlp.SpanData(
+                trace_id=self.trace_id,
+                span_id=self.root_span,
+                parent_span_id="",
+                name=f"run {self.pipeline}#{self.run_number}",
+                started_at=self.run_created_at or self.started_at,
+                ended_at=ended,
+                status=SpanStatus.ERROR.value if failed else SpanStatus.OK.value,
+                status_message=(message(error) or outcome) if failed else "",
+                attributes={
+                    "graphene.pipeline": self.pipeline,
+                    "graphene.run.number": self.run_number,
+                    "graphene.run.status": outcome,
+                    "graphene.run.attempts": self.attempt,
+                },
+                record_id=self.record_id,
+                run_id=self.run_id,
+            )
+            otlp.export([span])
+        except Exception:
+            logger.warning("run %s: could not export the run's span", self.run_id, exc_info=True)

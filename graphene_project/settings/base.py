@@ -267,6 +267,18 @@ CELERY_BEAT_SCHEDULE["logs-trim"] = {
     "task": "apps.observability.tasks.logs_trim_task",
     "schedule": schedule(timedelta(minutes=5)),
 }
+# Spans are also exported over OTLP/HTTP when an endpoint is set: the standard OpenTelemetry
+# variables, interpreted by apps/observability/otlp.py (export is off when both endpoints are unset).
+GRAPHENE_OTLP_ENV = {
+    name: env.string(name) or ""
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "OTEL_SERVICE_NAME",
+    )
+}
 CELERY_BEAT_SCHEDULE["observability-purge"] = {
     "task": "apps.observability.tasks.observability_purge_task",
     "schedule": schedule(timedelta(hours=1)),
