@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -141,6 +142,34 @@ class WithUser:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
         return await self.app({**scope, "user": self.user}, receive, send)
+
+
+def read_lines_until(proc: subprocess.Popen[str], predicate: Any, timeout: float) -> list[str]:
+    """Lines from ``proc``'s stdout until one satisfies ``predicate`` (read in a thread: no deadlock)."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if predicate(line):
+                found.set()
+                return
+
+    threading.Thread(target=reader, daemon=True).start()
+    assert found.wait(timeout), f"timed out; got {lines!r}"
+    return lines
+
+
+def interrupt(proc: subprocess.Popen[str]) -> int:
+    """Ctrl-C, as in a terminal; the exit status."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
 
 
 def purge_queue() -> None:

@@ -8,10 +8,7 @@ errors, and the exit code says what happened (0 ok, 1 failure, 2 usage, 3 not fo
 from __future__ import annotations
 
 import json
-import signal
 import stat
-import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +18,7 @@ import pytest
 import yaml
 
 from tests.cli.conftest import Ctl, Server, free_port
+from tests.conftest import interrupt, read_lines_until
 
 pytestmark = pytest.mark.system
 
@@ -46,33 +44,6 @@ def stand(ctl: Ctl, name: str | None = None) -> str:
     out = ctl.ok("apply", "graphene.stand", name or unique("cli")).out.strip()
     assert out.startswith("record/")
     return out.removeprefix("record/")
-
-
-def read_lines_until(proc: subprocess.Popen[str], predicate: Any, timeout: float) -> list[str]:
-    """Lines from ``proc``'s stdout until one satisfies ``predicate`` (read in a thread: no deadlock)."""
-    lines: list[str] = []
-    found = threading.Event()
-
-    def reader() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if predicate(line):
-                found.set()
-                return
-
-    threading.Thread(target=reader, daemon=True).start()
-    assert found.wait(timeout), f"timed out; got {lines!r}"
-    return lines
-
-
-def interrupt(proc: subprocess.Popen[str]) -> int:
-    proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
 
 
 # --- session ---------------------------------------------------------------------------------
