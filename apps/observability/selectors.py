@@ -20,6 +20,7 @@ from apps.observability.tracing import run_span_id, trace_id_of
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Run
 from apps.records.models import Record
+from apps.records.selectors import subtree_of
 
 
 def log_lines(
@@ -34,8 +35,7 @@ def log_lines(
     if include_descendants and not record.is_leaf_node():
         # The subtree's ids first (an index range on the tree), then its lines through the
         # (record, id) index: as one join the planner may scan the whole table instead.
-        subtree = Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght)
-        qs = LogLine.objects.filter(record_id__in=list(subtree.values_list("pk", flat=True)))
+        qs = LogLine.objects.filter(record_id__in=list(subtree_of(record).values_list("pk", flat=True)))
     else:
         qs = LogLine.objects.filter(record=record)
     if grep:

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet, Subquery
 
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
@@ -104,13 +104,21 @@ def record_children_counts(*, record: Record) -> dict[str, int]:
     return {row["phase"]: row["n"] for row in rows}
 
 
+def subtree_of(record: Record) -> QuerySet[Record]:
+    """The record and its descendants, bounded by the record's row *as the query runs*: a
+    declaration committed meanwhile shifts ``lft``/``rght``, and bounds read earlier (the
+    ``record`` instance's) would cut the subtree, or leave the record itself out."""
+    me = Record.objects.filter(pk=record.pk)
+    return Record.objects.filter(
+        tree_id=Subquery(me.values("tree_id")),
+        lft__gte=Subquery(me.values("lft")),
+        rght__lte=Subquery(me.values("rght")),
+    )
+
+
 def record_subtree(*, record: Record, depth: int) -> list[Record]:
     """The record and its descendants down to ``depth`` levels, in tree order."""
-    return list(
-        Record.objects.filter(
-            Q(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght, level__lte=record.level + depth)
-        ).order_by("lft")
-    )
+    return list(subtree_of(record).filter(level__lte=record.level + depth).order_by("lft"))
 
 
 def record_events(*, record: Record) -> QuerySet[Event]:

@@ -325,13 +325,7 @@ class RecordViewSet(viewsets.GenericViewSet):
         """The filtered lines (as ``values()`` rows) and the ids of the records they cover."""
         record = selectors.record_get(user=request.user, record_id=pk)
         descendants = request.query_params.get("descendants", "true").lower() not in {"0", "false", "no"}
-        covered: Any = (
-            Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght).values_list(
-                "pk", flat=True
-            )
-            if descendants
-            else [record.pk]
-        )
+        covered: Any = selectors.subtree_of(record).values_list("pk", flat=True) if descendants else [record.pk]
         lines = log_lines(
             record=record,
             include_descendants=descendants,
