@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""``make demo``: start Graphene in embedded mode, run the example pipeline, stop Graphene.
+"""``make demo``: start Graphene in embedded mode, run an example pipeline end to end, stop Graphene.
 
-1. wipes the data directory (default ``.graphene-demo/``) so every demo starts fresh;
-2. starts ``graphene up`` on a free loopback port (SQLite, in-process broker, worker and
+1. chooses the example: when a Docker engine answers ``docker info`` within a few seconds
+   and a static busybox and git are installed, ``examples/ephemeral_env.py`` (real
+   containers: an image imported from a busybox tar, a network, a database and an app, a git
+   checkout, the checkout's tests run in a job container, the app kept on the stand, then
+   everything deleted and checked gone in Docker); otherwise the reduced tour,
+   ``examples/pipeline_tour.py`` (the ``environment`` pipeline, with test objects standing in
+   for containers). It says which, and why. ``--example`` picks a script instead;
+2. wipes the data directory (default ``.graphene-demo/``) so every demo starts fresh;
+3. starts ``graphene up`` on a free loopback port (SQLite, in-process broker, worker and
    beat threads; no GRAPHENE_DATABASE_URL/BROKER/CHANNEL settings are passed on);
-3. waits for ``/readyz`` (with a deadline), reads the admin token the first start wrote;
-4. runs ``examples/pipeline_tour.py`` against it: a run of the ``environment`` pipeline
-   (examples/pipelines/), printing the run's resource tree while the run holds it and again
-   after its death cleaned it up, checking every step (``--example records_tour.py`` drives
-   the records API directly instead);
-5. stops the server (SIGINT, then SIGTERM, then SIGKILL, each with a deadline).
+4. waits for ``/readyz`` (with a deadline), reads the admin token the first start wrote;
+5. runs the example against it (``--url``, ``--file-root``, ``--test-world``, and
+   ``GRAPHENE_TOKEN`` and ``GRAPHENE_DATA_DIR`` in its environment); the examples check every
+   claim they print (resource trees while held and after, outputs, logs, the disk, Docker);
+6. stops the server (SIGINT, then SIGTERM, then SIGKILL, each with a deadline).
 
 It exits with the tour's status (non-zero also if the server fails to start or to stop).
 The server's output is kept in ``<data dir>/server.log``. Standard library only.
@@ -30,7 +36,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ephemeral_env import prerequisites_problem
+
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
 # Settings that would switch the server away from the self-contained embedded mode.
 EXTERNAL_SETTINGS = (
     "GRAPHENE_DATABASE_URL",
@@ -119,12 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=90)
     parser.add_argument(
         "--example",
-        default=str(ROOT / "examples" / "pipeline_tour.py"),
-        help="the script to run against the server: it gets --url, --file-root, --test-world and GRAPHENE_TOKEN",
+        help="the script to run against the server: it gets --url, --file-root, --test-world, GRAPHENE_TOKEN "
+        "and GRAPHENE_DATA_DIR (default: ephemeral_env.py when Docker is available, else pipeline_tour.py)",
     )
     args = parser.parse_args(argv)
 
     started = time.monotonic()
+    example = args.example
+    if example is None:
+        problem = prerequisites_problem(timeout=5.0)
+        if problem is None:
+            example = str(EXAMPLES / "ephemeral_env.py")
+            log("a Docker engine answers and a static busybox and git are here: running examples/ephemeral_env.py")
+        else:
+            example = str(EXAMPLES / "pipeline_tour.py")
+            log(f"running the reduced tour, examples/pipeline_tour.py (test objects, no containers): {problem}")
     data_dir = Path(args.data_dir).resolve()
     if data_dir == ROOT or data_dir in ROOT.parents:
         parser.error(f"refusing to wipe {data_dir}")
@@ -162,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
         tour = [
             sys.executable,
-            args.example,
+            example,
             "--url",
             url,
             "--file-root",
@@ -171,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             str(data_dir / "test-world"),
         ]
         # The token goes through the environment, not argv (visible to every local user in ps).
-        status = subprocess.run(tour, env=os.environ | {"GRAPHENE_TOKEN": credentials["token"]}, check=False).returncode
+        example_env = os.environ | {"GRAPHENE_TOKEN": credentials["token"], "GRAPHENE_DATA_DIR": str(data_dir)}
+        status = subprocess.run(tour, env=example_env, check=False).returncode
     finally:
         how = stop(server, grace=20.0)
         log(f"server {how}")

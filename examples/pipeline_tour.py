@@ -79,7 +79,7 @@ class Tour:
                 self.check(
                     False, f"the run ended ({status['status']}) before its environment was seen: {status['error']}"
                 )
-                return {}
+                return {"ended": True}  # truthy: stop waiting, there is nothing more to see
             tree: dict[str, Any] = self.api.tree(root_id)
             nodes = [n for n, _ in walk(tree) if n["kind"] != "graphene.run"]
             if len(nodes) == 5 and all(n["phase"] == "ready" for n in nodes):
@@ -87,7 +87,7 @@ class Tour:
             return None
 
         tree = self.wait("the environment to be ready while the run holds it", held, self.args.timeout)
-        if not tree:
+        if not tree or tree.get("ended"):
             return 1
         print("\nWhile the run holds its environment:")
         print(render(tree), flush=True)
