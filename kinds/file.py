@@ -73,6 +73,21 @@ def digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _content(record: Record) -> bytes:
+    """The file's bytes; a secret reference is read here, at the point of use, and never
+    stored anywhere but in the file (I7): the record keeps the name, outputs only a digest."""
+    content = record.spec["content"]
+    if isinstance(content, dict):
+        from apps.core.errors import GrapheneError
+        from apps.secrets.services import secret_refs_resolve
+
+        try:
+            content = secret_refs_resolve(content, namespace=record.namespace)
+        except GrapheneError as exc:  # a missing secret: retrying cannot help until it exists
+            raise PermanentError(f"cannot read the file's content: {exc.detail}") from exc
+    return str(content).encode()
+
+
 class FileKind(Kind):
     name = "file"
     description = "A file on the Graphene server's disk, under GRAPHENE_FILE_ROOT, with the given content and mode."
@@ -81,7 +96,18 @@ class FileKind(Kind):
         "type": "object",
         "properties": {
             "path": {"type": "string", "minLength": 1, "description": "path relative to the file root"},
-            "content": {"type": "string", "description": "UTF-8 text content"},
+            "content": {
+                "description": "UTF-8 text, or a secret reference {'$secret': name} read when the file is written",
+                "oneOf": [
+                    {"type": "string"},
+                    {
+                        "type": "object",
+                        "properties": {"$secret": {"type": "string", "minLength": 1}},
+                        "required": ["$secret"],
+                        "additionalProperties": False,
+                    },
+                ],
+            },
             "mode": {"type": "integer", "minimum": 0, "maximum": 0o7777, "default": 0o644},
         },
         "required": ["path", "content"],
@@ -91,7 +117,7 @@ class FileKind(Kind):
     def create(self, record: Record) -> dict[str, Any]:
         target = resolve(record.spec["path"])
         record_id = str(record.id)
-        data = record.spec["content"].encode()
+        data = _content(record)
         mode = int(record.spec.get("mode", 0o644))
         owner = read_marker(target) if target.exists() else None
         if target.exists() and owner != record_id:
@@ -121,7 +147,7 @@ class FileKind(Kind):
         return Observed({"path": str(target), "digest": digest(data), "size": len(data), "mode": mode})
 
     def diff(self, record: Record, observed: Observed) -> list[Drift]:
-        want = digest(record.spec["content"].encode())
+        want = digest(_content(record))
         drifts = []
         if observed.outputs.get("digest") != want:
             drifts.append(Drift("content", want, observed.outputs.get("digest")))

@@ -349,3 +349,20 @@ def drift_options(ctx: Context, inputs: DriftInputs) -> None:
         on_drift="report",
     )
     config.ready()
+
+
+class FileInputs(BaseModel):
+    folder: str
+
+
+@pipeline("sample.files", inputs=FileInputs)
+def files(ctx: Context, inputs: FileInputs) -> None:
+    """Writes three files through graphene_sdk.libs.file, then holds them until cancelled."""
+    from graphene_sdk.libs.file import file
+
+    notes = file(ctx, "notes", path=f"{inputs.folder}/notes.txt", content="hello\n")
+    raw = file(ctx, "raw", path=f"{inputs.folder}/raw.txt", content=b"bytes too\n", mode=0o600)
+    token = file(ctx, "token", path=f"{inputs.folder}/token", content=ctx.secret("deploy-token"), mode=0o600)
+    for handle in (notes, raw, token):
+        handle.ready()
+    ctx.sleep(600)
