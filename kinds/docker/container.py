@@ -11,6 +11,7 @@ record's log and records its CPU time and memory as metric points.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from apps.records.models import Record
 
 DEFAULT_READY_TIMEOUT_S = 120.0
+
+
+# How long a container must have been seen running before ``ready_when="running"`` holds.
+RUNNING_SETTLE_S = 1.0
 
 
 class ContainerKind(DockerKind):
@@ -116,6 +121,8 @@ class ContainerKind(DockerKind):
         condition = ready_when if pattern is None else f"ready (a log line matching {pattern.pattern!r})"
         what = f"container {container.name} to be {condition}"
 
+        running_since: list[float] = []
+
         def ready() -> bool:
             with translate_errors(f"inspect container {container.name}"):
                 container.reload()
@@ -131,7 +138,11 @@ class ContainerKind(DockerKind):
                 return self._logged(container, pattern, state.get("StartedAt", ""))
             if ready_when == "healthy":
                 return (state.get("Health") or {}).get("Status") == "healthy"
-            return True
+            # "running" means it stays up: a command that fails at once is seen running for a
+            # moment; ready only once it has been running for RUNNING_SETTLE_S.
+            if not running_since:
+                running_since.append(time.monotonic())
+            return time.monotonic() - running_since[0] >= RUNNING_SETTLE_S
 
         try:
             wait_until(ready, timeout=timeout, record=record, what=what)
