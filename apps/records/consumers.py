@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from typing import Any
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from apps.core.errors import NotFound, ValidationFailed
 
@@ -33,12 +30,6 @@ class RecordsConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({k: v for k, v in message.items() if k != "type"})
 
 
-def log_output(rows: Any) -> list[dict[str, Any]]:
-    from apps.records.api.views import log_output as shape
-
-    return shape(rows)
-
-
 class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
     """``ws/records/<id>/logs/``: a record's log, live. Query parameters as the REST logs view
     (``grep``, ``severity``, ``since``, ``until``, ``descendants``) plus ``after`` (a line id) or
@@ -46,8 +37,6 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
     stored, found by id through the (record, id) index four times a second. Closes with 4401
     (not authenticated), 4404 (no such record) or 4400 (a bad parameter, after an
     ``{"error": ..., "fields": ...}`` message)."""
-
-    poll_seconds = 0.25
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -76,52 +65,15 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
             follower.cancel()
 
     async def _follow(self, after: int) -> None:
-        def fetch(after: int) -> list[dict[str, Any]]:
-            return list(self.rows.filter(id__gt=after).order_by("id")[:1000])
+        from apps.records.api.views import log_batches
 
-        while True:
-            batch = await sync_to_async(fetch)(after)
+        async for batch in log_batches(self.rows, after):
             if batch:
-                after = batch[-1]["id"]
-                await self.send_json({"lines": log_output(batch)})
-                if len(batch) == 1000:
-                    continue
-            await asyncio.sleep(self.poll_seconds)
+                await self.send_json({"lines": batch})
 
 
 def _log_query(user: Any, record_id: str, params: dict[str, str]) -> tuple[Any, int]:
-    from apps.observability.selectors import log_lines
-    from apps.records.api.views import LOG_FIELDS
-    from apps.records.selectors import record_get
+    from apps.records.api.views import log_rows, log_start
 
-    record = record_get(user=user, record_id=record_id)
-    rows = log_lines(
-        record=record,
-        include_descendants=params.get("descendants", "true").lower() not in {"0", "false", "no"},
-        grep=params.get("grep"),
-        min_severity=params.get("severity"),
-        since=_when(params, "since"),
-        until=_when(params, "until"),
-    ).values(*LOG_FIELDS)
-    after = _number(params, "after", 0, 2**62)
-    if "tail" in params:
-        newest = list(rows.order_by("-id").values_list("id", flat=True)[: _number(params, "tail", 1, 10_000)])
-        after = newest[-1] - 1 if newest else 0
-    return rows, after
-
-
-def _number(params: dict[str, str], name: str, lo: int, hi: int) -> int:
-    raw = params.get(name, str(lo))
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
-        raise ValidationFailed(f"{name}={raw!r} must be an integer from {lo} to {hi}", fields={name: ["out of range"]})
-    return int(raw)
-
-
-def _when(params: dict[str, str], name: str) -> Any:
-    raw = params.get(name)
-    if not raw:
-        return None
-    value = parse_datetime(raw)
-    if value is None:
-        raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
-    return value if timezone.is_aware(value) else timezone.make_aware(value, dt.UTC)
+    rows, _covered = log_rows(user, record_id, params)
+    return rows, log_start(rows, params)

@@ -6,7 +6,7 @@ import asyncio
 import datetime as dt
 import json
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -46,8 +46,9 @@ MAX_WAIT_SECONDS = 300
 MAX_TREE_DEPTH = 10
 
 
-def _datetime_param(request: Request, name: str) -> Any:
-    raw = request.query_params.get(name)
+def datetime_param(params: Mapping[str, str], name: str) -> Any:
+    """An ISO 8601 query parameter (naive means UTC), None if absent; a field error if malformed."""
+    raw = params.get(name)
     if not raw:
         return None
     value = parse_datetime(raw)
@@ -95,31 +96,68 @@ LOG_STREAM_POLL_SECONDS = 0.25
 LOG_STREAM_KEEPALIVE_SECONDS = 15.0
 
 
-async def _log_events(rows: Any, after: int) -> AsyncIterator[str]:
-    """New lines as they are stored, polled by id (the (record, id) index) a few times a second."""
-    yield "retry: 2000\n\n"
+async def log_batches(rows: Any, after: int) -> AsyncIterator[list[dict[str, Any]]]:
+    """Lines stored after line ``after``, in the REST shape, polled by id (the (record, id)
+    index) a few times a second; an empty batch when a poll found nothing (for keep-alives).
+    Serves the server-sent events and the websocket."""
 
     def fetch(after: int) -> list[dict[str, Any]]:
         return list(rows.filter(id__gt=after).order_by("id")[:1000])
 
-    quiet_since = time.monotonic()
     while True:
         batch = await sync_to_async(fetch)(after)
-        for line in log_output(batch):
+        if batch:
+            after = batch[-1]["id"]
+        yield log_output(batch)
+        if len(batch) < 1000:
+            await asyncio.sleep(LOG_STREAM_POLL_SECONDS)
+
+
+def log_start(rows: Any, params: Mapping[str, str], last_event_id: str = "") -> int:
+    """Where a live follow starts: after ``Last-Event-ID``, ``after``, or before the last ``tail``
+    lines (default: from the first line)."""
+    after = int_param(params, "after", 0, 0, 2**62)
+    if last_event_id.isdigit():
+        return max(after, int(last_event_id))
+    if params.get("tail"):
+        newest = list(rows.order_by("-id").values_list("id", flat=True)[: int_param(params, "tail", 0, 1, 10_000)])
+        return newest[-1] - 1 if newest else 0
+    return after
+
+
+def log_rows(user: Any, record_id: Any, params: Mapping[str, str]) -> tuple[Any, Any]:
+    """A record's filtered log lines (``values()`` rows) and the ids of the records they cover."""
+    record = selectors.record_get(user=user, record_id=record_id)
+    descendants = params.get("descendants", "true").lower() not in {"0", "false", "no"}
+    covered: Any = selectors.subtree_of(record).values_list("pk", flat=True) if descendants else [record.pk]
+    lines = log_lines(
+        record=record,
+        include_descendants=descendants,
+        grep=params.get("grep"),
+        min_severity=params.get("severity"),
+        since=datetime_param(params, "since"),
+        until=datetime_param(params, "until"),
+    )
+    return lines.values(*LOG_FIELDS), covered
+
+
+async def _log_events(rows: Any, after: int) -> AsyncIterator[str]:
+    """Server-sent events of ``log_batches``, with a keep-alive comment when quiet."""
+    yield "retry: 2000\n\n"
+    quiet_since = time.monotonic()
+    async for batch in log_batches(rows, after):
+        for line in batch:
             yield f"id: {line['id']}\nevent: log\ndata: {json.dumps(line)}\n\n"
-            after = line["id"]
         if batch:
             quiet_since = time.monotonic()
-            if len(batch) == 1000:
-                continue
         elif time.monotonic() - quiet_since >= LOG_STREAM_KEEPALIVE_SECONDS:
             yield ": keep-alive\n\n"
             quiet_since = time.monotonic()
-        await asyncio.sleep(LOG_STREAM_POLL_SECONDS)
 
 
-def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query_params.get(name)
+def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """An integer query parameter within [lo, hi], ``default`` if absent; a field error otherwise."""
+    raw = params.get(name)
     if raw is None or raw == "":
         return default
     try:
@@ -181,10 +219,10 @@ class RecordViewSet(viewsets.GenericViewSet):
             owner=owner,
             labels=selectors.parse_label_selector(params.getlist("label")),
             name_prefix=params.get("name_prefix"),
-            created_after=_datetime_param(request, "created_after"),
-            created_before=_datetime_param(request, "created_before"),
-            updated_after=_datetime_param(request, "updated_after"),
-            updated_before=_datetime_param(request, "updated_before"),
+            created_after=datetime_param(request.query_params, "created_after"),
+            created_before=datetime_param(request.query_params, "created_before"),
+            updated_after=datetime_param(request.query_params, "updated_after"),
+            updated_before=datetime_param(request.query_params, "updated_before"),
         )
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(RecordOutput(page, many=True).data)
@@ -254,7 +292,7 @@ class RecordViewSet(viewsets.GenericViewSet):
         record = selectors.record_get(user=request.user, record_id=pk)
         record = services.record_delete_request(record=record, actor=request.user)
         if request.query_params.get("wait", "").lower() in {"1", "true", "yes"}:
-            timeout = _int_param(request, "timeout", 60, 1, MAX_WAIT_SECONDS)
+            timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)
             deadline = time.monotonic() + timeout
             while record.phase != Phase.DELETED and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -269,7 +307,7 @@ class RecordViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["get"])
     def tree(self, request: Request, pk: str) -> Response:
         record = selectors.record_get(user=request.user, record_id=pk)
-        depth = _int_param(request, "depth", 3, 0, MAX_TREE_DEPTH)
+        depth = int_param(request.query_params, "depth", 3, 0, MAX_TREE_DEPTH)
         nodes = selectors.record_subtree(record=record, depth=depth)
         by_id: dict[Any, dict[str, Any]] = {}
         root: dict[str, Any] = {}
@@ -311,30 +349,15 @@ class RecordViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
     def logs(self, request: Request, pk: str) -> Response:
         """The record's log lines (a run's include everything it declared), oldest first."""
-        rows, covered = self._log_rows(request, pk)
+        rows, covered = log_rows(request.user, pk, request.query_params)
         if request.query_params.get("tail"):
-            response = self._logs_tail(request, rows, _int_param(request, "tail", 0, 1, 10_000))
+            response = self._logs_tail(request, rows, int_param(request.query_params, "tail", 0, 1, 10_000))
         else:
             page = self.paginate_queryset(rows)
             response = self.get_paginated_response(log_output(page or []))
         # Never silent: how many lines the log bounds removed from what this view covers.
         response.data["dropped"] = log_dropped(covered)
         return response
-
-    def _log_rows(self, request: Request, pk: str) -> tuple[Any, Any]:
-        """The filtered lines (as ``values()`` rows) and the ids of the records they cover."""
-        record = selectors.record_get(user=request.user, record_id=pk)
-        descendants = request.query_params.get("descendants", "true").lower() not in {"0", "false", "no"}
-        covered: Any = selectors.subtree_of(record).values_list("pk", flat=True) if descendants else [record.pk]
-        lines = log_lines(
-            record=record,
-            include_descendants=descendants,
-            grep=request.query_params.get("grep"),
-            min_severity=request.query_params.get("severity"),
-            since=_datetime_param(request, "since"),
-            until=_datetime_param(request, "until"),
-        )
-        return lines.values(*LOG_FIELDS), covered
 
     @extend_schema(
         parameters=[
@@ -349,16 +372,8 @@ class RecordViewSet(viewsets.GenericViewSet):
         """Follow the record's log live as server-sent events: one ``log`` event per line
         (``id`` = the line id, ``data`` = the line as JSON), a comment as keep-alive every
         15 s. Reconnecting clients resume after the ``Last-Event-ID`` they saw."""
-        rows, _covered = self._log_rows(request, pk)
-        after = _int_param(request, "after", 0, 0, 2**62)
-        last_event = request.headers.get("Last-Event-ID", "")
-        if last_event.isdigit():
-            after = max(after, int(last_event))
-        elif request.query_params.get("tail"):
-            newest = list(
-                rows.order_by("-id").values_list("id", flat=True)[: _int_param(request, "tail", 0, 1, 10_000)]
-            )
-            after = newest[-1] - 1 if newest else 0
+        rows, _covered = log_rows(request.user, pk, request.query_params)
+        after = log_start(rows, request.query_params, request.headers.get("Last-Event-ID", ""))
         response = StreamingHttpResponse(_log_events(rows, after), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # proxies (nginx) must not hold events back
