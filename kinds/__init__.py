@@ -31,6 +31,21 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "graphene.kinds"
 
 
+# A spec value that may be a secret reference (``ctx.secret(name)`` in the SDK, stored as
+# ``{"$secret": name}``; the kind reads the value at the point of use, I7), in JSON Schema.
+SECRET_REF_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"$secret": {"type": "string", "minLength": 1}},
+    "required": ["$secret"],
+    "additionalProperties": False,
+}
+
+
+def string_or_secret(description: str) -> dict[str, Any]:
+    """The schema of a string spec field that also takes a secret reference."""
+    return {"oneOf": [{"type": "string"}, SECRET_REF_SCHEMA], "description": description}
+
+
 class KindError(Exception):
     """A kind operation failed and may succeed if retried (network, busy, timeout)."""
 
@@ -128,6 +143,7 @@ def get_kind(name: str) -> Kind:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "SECRET_REF_SCHEMA",
     "Drift",
     "Kind",
     "KindError",
@@ -137,4 +153,5 @@ __all__ = [
     "UnknownKind",
     "get_kind",
     "registry",
+    "string_or_secret",
 ]

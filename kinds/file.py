@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from kinds import Drift, Kind, Marked, Observed, PermanentError
+from kinds import Drift, Kind, Marked, Observed, PermanentError, string_or_secret
 
 if TYPE_CHECKING:
     from apps.records.models import Record
@@ -96,18 +96,9 @@ class FileKind(Kind):
         "type": "object",
         "properties": {
             "path": {"type": "string", "minLength": 1, "description": "path relative to the file root"},
-            "content": {
-                "description": "UTF-8 text, or a secret reference {'$secret': name} read when the file is written",
-                "oneOf": [
-                    {"type": "string"},
-                    {
-                        "type": "object",
-                        "properties": {"$secret": {"type": "string", "minLength": 1}},
-                        "required": ["$secret"],
-                        "additionalProperties": False,
-                    },
-                ],
-            },
+            "content": string_or_secret(
+                "UTF-8 text, or a secret reference {'$secret': name} read when the file is written"
+            ),
             "mode": {"type": "integer", "minimum": 0, "maximum": 0o7777, "default": 0o644},
         },
         "required": ["path", "content"],

@@ -16,7 +16,7 @@ import docker.types
 import docker.utils
 from graphene_sdk.libs.docker import object_name
 
-from kinds import KindError, PermanentError
+from kinds import KindError, PermanentError, string_or_secret
 from kinds.docker._common import (
     LABEL_RECORD,
     LABEL_SPEC,
@@ -39,18 +39,9 @@ NOT_SHAPING = frozenset({"ready_when", "ready_timeout_s", "timeout_s", "pull"})
 BUILTIN_NETWORKS = frozenset({"bridge", "host", "none", "default"})
 _ALIAS = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}")
 
-ENV_VALUE_SCHEMA = {
-    "oneOf": [
-        {"type": "string"},
-        {
-            "type": "object",
-            "properties": {"$secret": {"type": "string", "minLength": 1}},
-            "required": ["$secret"],
-            "additionalProperties": False,
-        },
-    ],
-    "description": "a value, or a secret reference {'$secret': name} resolved when the container is made",
-}
+ENV_VALUE_SCHEMA = string_or_secret(
+    "a value, or a secret reference {'$secret': name} resolved when the container is made"
+)
 ARGV_SCHEMA = {"type": "array", "items": {"type": "string"}}
 
 WORKLOAD_PROPERTIES: dict[str, Any] = {

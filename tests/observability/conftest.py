@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli.conftest import graphenectl_argv
 from tests.conftest import REPO, Worker, process_env, wait_for
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
@@ -119,8 +120,7 @@ class Result:
 
 def graphenectl(server: WebServer, token: str, *args: str) -> Result:
     """graphenectl as a user runs it, pointed at ``server`` through the environment."""
-    script = Path(sys.executable).parent / "graphenectl"
-    argv = [str(script)] if script.exists() else [sys.executable, "-m", "graphenectl"]
+    argv = graphenectl_argv()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
     env.update(GRAPHENE_SERVER=server.url, GRAPHENE_TOKEN=token, NO_COLOR="1", COLUMNS="250")
     proc = subprocess.run(
