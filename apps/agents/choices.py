@@ -45,6 +45,8 @@ class CommandKind(models.TextChoices):
     PUT_FILE = protocol.PUT_FILE, "put_file"
     # Read a file (up to 512 KiB) into the result.
     GET_FILE = protocol.GET_FILE, "get_file"
+    # Run a Python function (its source, JSON arguments) on the machine; its JSON result.
+    CALL = protocol.CALL, "call"
 
 
 class Guarantee(models.TextChoices):

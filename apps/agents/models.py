@@ -44,6 +44,7 @@ class Agent(models.Model):
                 condition=Q(session__isnull=True, lost_at__isnull=True, disconnected_at__isnull=False),
             )
         ]
+        permissions = [("open_terminal", "Can open a terminal (PTY) on an agent's machine")]
 
     def __str__(self) -> str:
         return f"agent {self.record_id} ({'connected' if self.is_connected else 'disconnected'})"
@@ -98,6 +99,9 @@ class AgentCommand(models.Model):
     session = models.UUIDField(null=True, blank=True, help_text="the connection it was last sent on")
     # Other records whose logs also receive the output (e.g. the run that asked for it).
     log_record_ids = models.JSONField(default=list, blank=True)
+    # A record whose convergence or deletion waits on this command (a file on the agent's
+    # machine): when the command ends, that record's work is enqueued again.
+    waiting_record_id = models.UUIDField(null=True, blank=True)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
