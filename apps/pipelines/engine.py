@@ -13,6 +13,8 @@ on settles (records call ``runs_wake``) or its timer is due (beat).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import threading
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -35,16 +38,20 @@ from graphene_sdk import (
     Context,
     NonDeterminismError,
     OutcomeUnknown,
+    RemoteError,
     ResourceFailed,
     StepFailed,
     StepTimeout,
 )
 from graphene_sdk import Pipeline as Definition
 from graphene_sdk._context import Guarantee
+from graphene_sdk._remote import RemoteCall
 from pydantic import BaseModel
 
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agents
+from apps.agents.choices import CommandKind
+from apps.agents.models import AgentCommand
 from apps.core.errors import GrapheneError as ServiceError
 from apps.observability import hooks as observability  # observability: spans and step metrics (issue 8)
 from apps.observability.services import log_write
@@ -88,6 +95,35 @@ class _Fenced(BaseException):
     """This worker may no longer act for the run (lease lost, run cancelled or ended)."""
 
 
+class _CommandFailed(Exception):
+    """A finished agent command that did not do what was asked (``remote``: what a function raised)."""
+
+    def __init__(self, message: str, *, remote: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.remote = remote
+
+
+def _command_succeeded(command: AgentCommand, what: str) -> None:
+    if command.status != "succeeded":
+        raise _CommandFailed(f"{what} failed: {command.error or command.status}")
+
+
+def _command_error(message: str, info: Mapping[str, Any], record_id: str) -> ResourceFailed | RemoteError:
+    """The error a failed command's journal entry stands for, the same on every replay."""
+    remote = info.get("remote")
+    if isinstance(remote, Mapping):
+        return RemoteError(
+            message,
+            function=str(remote.get("function", "")),
+            remote_type=str(remote.get("type", "")),
+            remote_message=str(remote.get("message", "")),
+            remote_traceback=str(remote.get("traceback", "")),
+            record_id=record_id,
+        )
+    return ResourceFailed(message, record_id=record_id)
+
+
 def _is_uuid(value: str) -> bool:
     try:
         uuid.UUID(value)
@@ -102,10 +138,38 @@ def _result(entry: JournalEntry) -> dict[str, Any]:
 
 
 def _json(value: Any) -> Any:
-    """The JSON form replay will return; the first execution returns the same."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    return json.loads(json.dumps(value))
+    """The JSON form replay will return; the first execution returns the same.
+
+    A NUL character is refused here, with the reason: PostgreSQL cannot store it in JSON, and
+    a value that cannot be journaled would otherwise keep the run from ever ending.
+    """
+    value = value.model_dump(mode="json") if isinstance(value, BaseModel) else json.loads(json.dumps(value))
+    where = _nul_at(value, "")
+    if where is not None:
+        raise ValueError(
+            f"the value{f' at {where}' if where else ''} contains a NUL character (\\x00), which cannot be "
+            "stored; remove it or encode the data (e.g. base64)"
+        )
+    return value
+
+
+def _nul_at(value: Any, path: str) -> str | None:
+    """The path of the first string (or key) holding a NUL character in a JSON value."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if "\x00" in key:
+                return f"{path}.{key!r}".lstrip(".")
+            found = _nul_at(item, f"{path}.{key}".lstrip("."))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nul_at(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 class Execution:
@@ -118,6 +182,9 @@ class Execution:
         self.definition = definition
         self.journal = {e.seq: e for e in JournalEntry.objects.filter(run=run)}
         self.seq = 0
+        # Agents this run found (attach_agent, select_agents): it may run commands on them
+        # without owning them. Filled as those calls run or replay, before any command on them.
+        self.attached_agents: set[str] = set()
         self.divergence: NonDeterminismError | None = None
         self.lost = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
@@ -166,6 +233,7 @@ class Execution:
         fence, fence_params = self._fence_sql()
         cast = "::jsonb" if connection.vendor == "postgresql" else ""
         payload = json.dumps(result)
+        error = error.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL (an exception's message may)
         done = now if status != EntryStatus.STARTED else None
         with connection.cursor() as cursor:
             if seq in self.journal:
@@ -397,6 +465,103 @@ class Execution:
             )
         return list(outcome["outputs"])
 
+    # --- Runtime: artifacts ------------------------------------------------------------------
+
+    def publish_artifact(
+        self, name: str, data: bytes | Path, content_type: str | None, keep_for: float | None, labels: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Store the bytes, then declare the record, hand it to the stand and journal the reference.
+
+        The blob is staged (streamed, hashed, size-checked) before the transaction and moved
+        into the store inside it, with the record and the journal entry: a replay finds the
+        entry and returns its reference without reading ``data`` again. A worker killed after
+        the move but before the commit leaves an unreferenced blob for the orphan sweeper; the
+        replay stores the same digest again (deduplicated).
+        """
+        from apps.artifacts import blobs
+        from apps.artifacts import services as artifacts
+
+        call = f"publish_artifact {name}"
+        entry = self._next(call)
+        seq = self.seq
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error)
+            return _result(entry)
+        failure = ""
+        try:
+            content = artifacts.content_type_validate(content_type, name=name)
+            chunks = blobs.chunks_of_bytes(data) if isinstance(data, bytes) else blobs.chunks_of_path(data)
+            staged = blobs.stage(chunks)
+        except (ServiceError, OSError) as exc:
+            failure = f"cannot publish artifact {name!r}: {getattr(exc, 'detail', exc)}"
+            with transaction.atomic():
+                self._fenced_run()
+                self._write(seq, call, EntryStatus.FAILED, None, failure)
+            raise ResourceFailed(failure) from None
+        try:
+            with transaction.atomic():  # blob, record and journal entry commit together
+                run = self._fenced_run()
+                try:
+                    with transaction.atomic():
+                        expires_at = timezone.now() + timedelta(seconds=keep_for) if keep_for else None
+                        record = artifacts.artifact_publish_for_run(
+                            run_root=self._owner(None, run),
+                            run_number=run.number,
+                            stand=services.stand_get(run.pipeline.name),
+                            name=name,
+                            staged=staged,
+                            content_type=content,
+                            labels=dict(labels),
+                            expires_at=expires_at,
+                        )
+                except (ServiceError, ResourceFailed) as exc:
+                    failure = f"cannot publish artifact {name!r}: {getattr(exc, 'detail', exc)}"
+                    self._write(seq, call, EntryStatus.FAILED, None, failure)
+                else:
+                    ref = artifacts.ref_of(record)
+                    self._write(seq, call, EntryStatus.COMPLETED, ref)
+        finally:
+            blobs.discard(staged)  # a no-op once moved into the store
+        if failure:
+            raise ResourceFailed(failure)
+        return ref
+
+    def attach_artifact(self, name_or_id: str, pipeline: str | None) -> dict[str, Any]:
+        from apps.artifacts import selectors as artifact_selectors
+        from apps.artifacts import services as artifacts
+
+        call = f"attach_artifact {name_or_id}" + (f" of {pipeline}" if pipeline else "")
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error)
+            return _result(entry)
+        record = artifact_selectors.artifact_attachable(artifact_id=name_or_id) if _is_uuid(name_or_id) else None
+        where = pipeline or self.run.pipeline.name
+        if record is None and not _is_uuid(name_or_id):
+            record = artifact_selectors.artifact_newest(name=name_or_id, pipeline=where)
+        if record is None:
+            what = (
+                f"artifact {name_or_id}"
+                if _is_uuid(name_or_id)
+                else f"artifact {name_or_id!r} on the stand of {where!r}"
+            )
+            failure = f"cannot attach {what}: none is live (never published, deleted or expired)"
+            self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            raise ResourceFailed(failure)
+        ref = artifacts.ref_of(record)
+        self._write(self.seq, call, EntryStatus.COMPLETED, ref)
+        return ref
+
+    def read_artifact(self, artifact_id: str) -> bytes:
+        from apps.artifacts import services as artifacts
+
+        try:
+            return artifacts.artifact_read(record_id=artifact_id)
+        except ServiceError as exc:
+            raise ResourceFailed(f"cannot read artifact {artifact_id}: {exc.detail}", record_id=artifact_id) from None
+
     # --- Runtime: agents ---------------------------------------------------------------------
 
     def agent(self, name: str, labels: Mapping[str, str]) -> str:
@@ -428,6 +593,95 @@ class Execution:
         if form == "env":
             return agents.agent_env_file(record=record, bootstrap_token=token)
         return agents.agent_install_script(record=record, bootstrap_token=token)
+
+    def _machine(self, record_id: str, run: Run) -> Record:
+        """An agent this run owns, or one it attached or selected (commands may run on both)."""
+        if record_id in self.attached_agents:
+            record = Record.objects.filter(pk=record_id, kind="agent").first()
+            if record is None:
+                raise ResourceFailed(f"agent {record_id} does not exist any more")
+            return record
+        return self._owned(record_id, run)
+
+    def attach_agent(self, name_or_id: str, needs: list[dict[str, Any]]) -> dict[str, Any]:
+        call = f"attach_agent {name_or_id}"
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error)
+            self.attached_agents.add(str(_result(entry)["record_id"]))
+            return _result(entry)
+        failure = ""
+        try:
+            clean = agents.needs_clean(needs)
+            found = agent_selectors.agent_find(name_or_id=name_or_id)
+            if not found:
+                failure = f"cannot attach agent {name_or_id}: no live agent has that name or id"
+            elif len(found) > 1:
+                ids = ", ".join(str(r.pk) for r in found)
+                failure = f"cannot attach agent {name_or_id}: {len(found)} live agents have that name; use an id: {ids}"
+            else:
+                unmet = agent_selectors.agent_needs_unmet(agent=found[0], needs=clean)
+                if unmet:
+                    failure = f"cannot attach agent {name_or_id}: it {'; it '.join(unmet)}"
+        except ServiceError as exc:
+            failure = f"cannot attach agent {name_or_id}: {exc.detail}"
+        if failure:
+            self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            raise ResourceFailed(failure)
+        result = {"record_id": str(found[0].pk), "name": found[0].name}
+        self._write(self.seq, call, EntryStatus.COMPLETED, result)
+        self.attached_agents.add(result["record_id"])
+        return result
+
+    def select_agents(self, labels: Mapping[str, str], needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        call = "select_agents"
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error)
+            chosen: list[dict[str, Any]] = _result(entry)["agents"]
+            self.attached_agents.update(str(a["record_id"]) for a in chosen)
+            return chosen
+        try:
+            clean = agents.needs_clean(needs)
+        except ServiceError as exc:
+            failure = f"cannot select agents: {exc.detail}"
+            self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            raise ResourceFailed(failure) from None
+        found = agent_selectors.agents_select(labels=dict(labels), needs=clean)
+        chosen = [{"record_id": str(r.pk), "name": r.name} for r in found]
+        self._write(self.seq, call, EntryStatus.COMPLETED, {"agents": chosen})
+        self.attached_agents.update(a["record_id"] for a in chosen)
+        return chosen
+
+    def publish_capability(
+        self, record_id: str, label: str, name: str, version: str, labels: Mapping[str, str]
+    ) -> None:
+        call = f"publish_capability {label} {name}"
+        entry = self._next(call)
+        if entry is not None:
+            if entry.status == EntryStatus.FAILED:
+                raise ResourceFailed(entry.error, record_id=record_id)
+            return
+        failure = ""
+        with transaction.atomic():  # the capability and its journal entry commit together
+            run = self._fenced_run()
+            try:
+                agents.capability_publish(
+                    agent=self._machine(record_id, run),
+                    name=name,
+                    version=version,
+                    labels=dict(labels),
+                    published_by=run.record_id,
+                )
+            except (ServiceError, ResourceFailed) as exc:
+                failure = f"cannot publish {name} on {label}: {getattr(exc, 'detail', exc)}"
+                self._write(self.seq, call, EntryStatus.FAILED, None, failure)
+            else:
+                self._write(self.seq, call, EntryStatus.COMPLETED, {"name": name, "version": version})
+        if failure:
+            raise ResourceFailed(failure, record_id=record_id)
 
     def agent_via_ssh(self, name: str, labels: Mapping[str, str], target: Mapping[str, Any]) -> str:
         """Declare an agent record, install the agent over SSH, wait until it has connected.
@@ -542,34 +796,160 @@ class Execution:
         timeout: float | None,
         guarantee: Guarantee,
     ) -> dict[str, Any]:
-        call = f"exec {label} {argv[0]}"
+        def payload() -> dict[str, Any]:
+            built: dict[str, Any] = {"argv": list(argv), "env": dict(env)}
+            if cwd is not None:
+                built["cwd"] = cwd
+            if timeout is not None:
+                built["timeout"] = timeout
+            return built
+
+        def outcome(command: AgentCommand) -> dict[str, Any]:
+            if command.exit_code is None:  # a non-zero exit is a result; not running at all is not
+                raise _CommandFailed(f"{argv[0]} on {label} did not run: {command.status}")
+            return {
+                "exit_code": command.exit_code,
+                "stdout_tail": command.stdout_tail,
+                "stderr_tail": command.stderr_tail,
+            }
+
+        return self._agent_command(
+            call=f"exec {label} {argv[0]}",
+            record_id=record_id,
+            label=label,
+            what=f"{argv[0]} on {label}",
+            kind=CommandKind.EXEC,
+            payload=payload,
+            guarantee=guarantee,
+            outcome=outcome,
+        )
+
+    def agent_put_file(self, record_id: str, label: str, path: str, data: bytes, mode: int) -> dict[str, Any]:
+        """The content travels in the command row (until delivered), never in the journal:
+        the entry keeps the command's id and the size and SHA-256 the machine reported."""
+
+        def outcome(command: AgentCommand) -> dict[str, Any]:
+            _command_succeeded(command, f"put_file {path} on {label}")
+            return {"size": command.result.get("size"), "sha256": command.result.get("sha256")}
+
+        return self._agent_command(
+            call=f"put_file {label} {path}",
+            record_id=record_id,
+            label=label,
+            what=f"put_file {path} on {label}",
+            kind=CommandKind.PUT_FILE,
+            payload=lambda: {"path": path, "data": base64.b64encode(data).decode(), "mode": mode},
+            guarantee="at_least_once",  # an atomic replace with the same content: repeating it is harmless
+            outcome=outcome,
+        )
+
+    def agent_get_file(self, record_id: str, label: str, path: str, max_bytes: int) -> bytes:
+        """The journal keeps the command's id, size and SHA-256; the content stays in the
+        command's result, where a replay reads it again (and checks it against the digest)."""
+        what = f"get_file {path} on {label}"
+
+        def outcome(command: AgentCommand) -> dict[str, Any]:
+            _command_succeeded(command, what)
+            return {"size": command.result.get("size"), "sha256": command.result.get("sha256")}
+
+        payload = {"path": path, "max_bytes": max_bytes}
+        result = self._agent_command(
+            call=f"get_file {label} {path}",
+            record_id=record_id,
+            label=label,
+            what=what,
+            kind=CommandKind.GET_FILE,
+            payload=lambda: payload,
+            guarantee="at_least_once",
+            outcome=outcome,
+        )
+        command = AgentCommand.objects.filter(pk=result["command"]).only("result").first()
+        encoded = (command.result if command is not None else {}).get("data")
+        data = base64.b64decode(encoded) if isinstance(encoded, str) else None
+        if data is None or hashlib.sha256(data).hexdigest() != result["sha256"]:
+            raise ResourceFailed(
+                f"{what}: the content read by command {result['command']} is no longer stored", record_id=record_id
+            )
+        return data
+
+    def agent_call(
+        self, record_id: str, label: str, call: RemoteCall, timeout: float | None, guarantee: Guarantee
+    ) -> Any:
+        """The journal keeps the function's JSON value (or what it raised there), like a step's."""
+        what = f"{call.name}() on {label}"
+
+        def outcome(command: AgentCommand) -> dict[str, Any]:
+            result = command.result or {}
+            if command.status == "succeeded" and "value" in result:
+                return {"value": result["value"]}
+            if command.status == "failed" and "error_type" in result:
+                remote = {
+                    "function": call.name,
+                    "type": str(result["error_type"]),
+                    "message": str(result.get("error_message", "")),
+                    "traceback": str(result.get("traceback", "")),
+                }
+                raise _CommandFailed(f"{what} raised {remote['type']}: {remote['message']}", remote=remote)
+            raise _CommandFailed(f"{what} did not return: {command.error or command.status}")
+
+        payload: dict[str, Any] = {"name": call.name, "source": call.source, "args": call.args, "kwargs": call.kwargs}
+        if timeout is not None:
+            payload["timeout"] = timeout
+        result = self._agent_command(
+            call=f"call {label} {call.name}",
+            record_id=record_id,
+            label=label,
+            what=what,
+            kind=CommandKind.CALL,
+            payload=lambda: payload,
+            guarantee=guarantee,
+            outcome=outcome,
+        )
+        return result["value"]
+
+    def _agent_command(
+        self,
+        *,
+        call: str,
+        record_id: str,
+        label: str,
+        what: str,
+        kind: str,
+        payload: Callable[[], dict[str, Any]],
+        guarantee: Guarantee,
+        outcome: Callable[[AgentCommand], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """One command on an agent's machine as one journaled call (every command kind).
+
+        The command row and the journal entry (``started``, holding the command's id) commit
+        in one transaction; the run suspends until the command has finished; ``outcome`` turns
+        the finished row into the journaled result (or raises ``_CommandFailed``). A replay
+        returns what the journal holds, or waits on the same command: nothing is sent twice.
+        An at-most-once command whose agent vanished is ``OutcomeUnknown``; a command that
+        failed is ``ResourceFailed`` (``RemoteError`` for a function that raised there).
+        """
         entry = self._next(call)
         seq = self.seq
         if entry is not None and entry.status == EntryStatus.COMPLETED:
             return _result(entry)
-        if entry is not None and entry.status in (EntryStatus.FAILED, EntryStatus.UNKNOWN):
-            if entry.status == EntryStatus.UNKNOWN:
-                raise OutcomeUnknown(entry.error, step=call)
-            raise ResourceFailed(entry.error, record_id=record_id)
+        if entry is not None and entry.status == EntryStatus.UNKNOWN:
+            raise OutcomeUnknown(entry.error, step=call)
+        if entry is not None and entry.status == EntryStatus.FAILED:
+            raise _command_error(entry.error, entry.result or {}, record_id)
         if entry is None:
-            payload: dict[str, Any] = {"argv": list(argv), "env": dict(env)}
-            if cwd is not None:
-                payload["cwd"] = cwd
-            if timeout is not None:
-                payload["timeout"] = timeout
             failure = ""
             with transaction.atomic():  # the command row and its journal entry commit together
                 run = self._fenced_run()
                 try:
                     command = agents.command_submit(
-                        agent=self._owned(record_id, run),
-                        kind="exec",
-                        payload=payload,
+                        agent=self._machine(record_id, run),
+                        kind=kind,
+                        payload=payload(),
                         guarantee=guarantee,
                         log_to=[run.record_id],
                     )
                 except (ServiceError, ResourceFailed) as exc:
-                    failure = f"cannot run {argv[0]} on {label}: {getattr(exc, 'detail', exc)}"
+                    failure = f"cannot run {what}: {getattr(exc, 'detail', exc)}"
                     self._write(seq, call, EntryStatus.FAILED, None, failure)
                 else:
                     self._write(seq, call, EntryStatus.STARTED, {"command": str(command.pk)})
@@ -578,23 +958,21 @@ class Execution:
             command_id = str(command.pk)
         else:
             command_id = str(_result(entry)["command"])
-        command = agent_selectors.command_get(command_id=command_id)
+        command = agent_selectors.command_get(command_id=command_id, with_payload=False)
         if not command.is_finished:
             raise _Suspend(waiting_on=[command_id])
         if command.status == "unknown":
-            message = f"{argv[0]} on {label} (at most once) was interrupted; it may or may not have run"
+            message = f"{what} (at most once) was interrupted; it may or may not have run"
             self._write(seq, call, EntryStatus.UNKNOWN, {"command": command_id}, message)
             raise OutcomeUnknown(message, step=call)
-        if command.exit_code is None:
-            failure = f"{argv[0]} on {label} did not run: {command.status}"
-            self._write(seq, call, EntryStatus.FAILED, {"command": command_id}, failure)
-            raise ResourceFailed(failure, record_id=record_id)
-        result = {
-            "command": command_id,
-            "exit_code": command.exit_code,
-            "stdout_tail": command.stdout_tail,
-            "stderr_tail": command.stderr_tail,
-        }
+        try:
+            result = {"command": command_id, **outcome(command)}
+        except _CommandFailed as failed:
+            info: dict[str, Any] = {"command": command_id}
+            if failed.remote is not None:
+                info["remote"] = failed.remote
+            self._write(seq, call, EntryStatus.FAILED, info, failed.message)
+            raise _command_error(failed.message, info, record_id) from None
         self._write(seq, call, EntryStatus.COMPLETED, result)
         return result
 
@@ -862,9 +1240,11 @@ def run_execute(*, run_id: Any) -> None:
             error = exc if execution.divergence is None else execution.divergence
             text = "".join(traceback.format_exception_only(type(error), error)).strip()
             if not isinstance(
-                error, NonDeterminismError | OutcomeUnknown | StepFailed | ResourceFailed | ChildRunFailed
+                error, NonDeterminismError | OutcomeUnknown | StepFailed | ResourceFailed | ChildRunFailed | RemoteError
             ):
                 text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            elif isinstance(error, RemoteError) and error.remote_traceback:
+                text = f"{text}\n\nOn the machine:\n{error.remote_traceback}"  # the traceback that matters
             execution.telemetry.end("failed", text.strip().splitlines()[-1])  # observability
             services.run_finish(
                 run=run, status=RunStatus.FAILED, error=text, token=token, keep_for=definition.keep_on_failure

@@ -203,6 +203,7 @@ def run_finish(
     ``keep_for`` (a failed run's ``keep_on_failure``) first hands what it owns to the stand.
     """
     assert status in TERMINAL
+    error = error.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL (an exception's message may)
     with transaction.atomic():
         run = _lock(run.pk)
         if run.status in TERMINAL or (

@@ -366,3 +366,23 @@ def files(ctx: Context, inputs: FileInputs) -> None:
     for handle in (notes, raw, token):
         handle.ready()
     ctx.sleep(600)
+
+
+class NulInputs(BaseModel):
+    where: str = "output"  # or "step"
+
+
+class NulOutput(BaseModel):
+    text: str
+
+
+@pipeline("sample.nul", inputs=NulInputs)
+def nul(ctx: Context, inputs: NulInputs) -> NulOutput:
+    """A NUL character where PostgreSQL cannot store it: in a step's result or the run's output."""
+    if inputs.where == "step":
+        ctx.step("nul", _nul)
+    return NulOutput(text="a\x00b")
+
+
+def _nul() -> str:
+    return "x\x00y"

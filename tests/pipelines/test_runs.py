@@ -238,3 +238,11 @@ def test_drift_options_of_a_declaration_reach_its_record(workers: list[Worker]) 
     assert (record.drift_policy, record.observe_every) == ("report", 5)
     declared = JournalEntry.objects.get(run=run, seq=1)
     assert declared.call == "declare file/config", "options do not change the call's identity"
+
+
+def test_a_nul_character_fails_the_run_with_the_reason_instead_of_wedging_it(workers: list[Worker]) -> None:
+    for where, said in (("output", "the value at text contains a NUL"), ("step", "the value contains a NUL")):
+        run = finished(start("sample.nul", where=where))
+        assert run.status == RunStatus.FAILED, where
+        assert said in run.error, run.error
+        assert "\x00" not in run.error
