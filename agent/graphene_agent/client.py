@@ -25,6 +25,7 @@ from graphene_agent import __version__, facts, protocol
 from graphene_agent.commands import Executor
 from graphene_agent.config import Config, ConfigError
 from graphene_agent.journal import Journal
+from graphene_agent.pty import Terminals
 
 logger = logging.getLogger("graphene_agent")
 
@@ -94,6 +95,7 @@ class Agent:
         self.credentials = CredentialStore(config.state_dir)
         self.journal = Journal(config.state_dir / "commands")
         self.executor = Executor(self.journal)
+        self.terminals = Terminals()  # PTY sessions: live only, hung up when the connection drops
         self.instance = uuid.uuid4().hex  # this process; changes on every start
         self._send_lock = asyncio.Lock()
         self.connected = asyncio.Event()  # set while a session is up
@@ -194,6 +196,7 @@ class Agent:
             }
             await send(hello)
             self.executor.attach(send)
+            self.terminals.attach(send)
             self.connected.set()
             logger.info("connected as agent %s", self.config.agent_id)
             beat = asyncio.ensure_future(self._heartbeats(send, heartbeat))
@@ -206,6 +209,7 @@ class Agent:
             finally:
                 beat.cancel()
                 self.executor.detach()
+                self.terminals.detach()
             self._check_close(ws)
 
     async def _welcome(self, ws: ClientConnection) -> dict[str, Any]:
@@ -246,6 +250,8 @@ class Agent:
             self._tasks = {t for t in self._tasks if not t.done()}
         elif kind == "ack":
             self.executor.on_ack(message)
+        elif isinstance(kind, str) and kind.startswith("pty_"):
+            await self.terminals.on_message(message)
         elif kind == "refused":  # the close (and its code) follows
             self._refused_reason = str(message.get("reason", ""))
         else:

@@ -1,4 +1,4 @@
-"""Serving commands: exec (streamed), put_file, get_file, cancel; de-duplicated by id.
+"""Serving commands: exec (streamed), put_file, get_file, call, cancel; de-duplicated by id.
 
 Commands outlive connections. Output is numbered per command and kept until the server
 acknowledges it, so after a reconnect the server says what it has (``output_seq``) and the
@@ -14,9 +14,14 @@ import codecs
 import collections
 import contextlib
 import hashlib
+import inspect
+import json
 import logging
 import os
+import shutil
 import signal
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from graphene_agent import protocol
+from graphene_agent import call_runner, protocol
 from graphene_agent.journal import Journal
 
 logger = logging.getLogger("graphene_agent.commands")
@@ -37,6 +42,11 @@ MAX_BUFFERED_OUTPUT = 32 * 1024 * 1024
 DRAIN_SECONDS = 2.0
 # A partial line is sent after this long without its newline (prompts, progress bars).
 PARTIAL_LINE_SECONDS = 0.2
+# Output chunks sent and not yet acknowledged, at most. While the server stores them, new
+# output joins the last chunk not yet sent (up to OUTPUT_CHUNK_BYTES) instead of becoming a
+# chunk of its own: a fast producer is stored in few large transactions (one per chunk on
+# the server), a slow one still gets each line out at once (bench/agent_logs.py).
+OUTPUT_WINDOW = 4
 
 
 class CommandError(Exception):
@@ -52,6 +62,7 @@ class Running:
     guarantee: str
     seq: int = 0  # the last output chunk produced
     sent_upto: int = 0  # the last chunk written to the current connection
+    sent_max: int = 0  # the last chunk ever written (to any connection): never grown after
     chunks: collections.deque[tuple[int, str, str]] = field(default_factory=collections.deque)
     buffered: int = 0
     dropped_chunks: int = 0
@@ -86,6 +97,7 @@ class Executor:
         self.commands: dict[str, Running] = {}
         self.stopping = False
         self._send: Send | None = None
+        self._flushes: set[asyncio.Future[None]] = set()  # held: the loop keeps only weak references
 
     # --- connection -----------------------------------------------------------------------
 
@@ -180,6 +192,10 @@ class Executor:
             return
         if state is not None and "seq" in message:
             self._acked_output(state, int(message["seq"]))
+            if state.chunks and state.chunks[-1][0] > state.sent_upto:  # the window held some back
+                flush = asyncio.ensure_future(self._flush(state))
+                self._flushes.add(flush)
+                flush.add_done_callback(self._flushes.discard)
 
     # --- running --------------------------------------------------------------------------
 
@@ -207,6 +223,8 @@ class Executor:
                 result = await asyncio.get_running_loop().run_in_executor(None, _put_file, payload)
             elif state.kind == protocol.GET_FILE:
                 result = await asyncio.get_running_loop().run_in_executor(None, _get_file, payload)
+            elif state.kind == protocol.CALL:
+                result = await self._call(state, payload)
             else:
                 raise CommandError(f"unknown command kind {state.kind!r}; this agent serves {protocol.COMMAND_KINDS}")
             if state.cancelled and result.get("status") != protocol.CANCELLED:
@@ -289,6 +307,57 @@ class Executor:
             result["status"] = protocol.SUCCEEDED
         return result
 
+    async def _call(self, state: Running, payload: dict[str, Any]) -> dict[str, Any]:
+        """Run a Python function from its source in a fresh, isolated interpreter.
+
+        The interpreter is an ``exec`` of this agent's Python (``-I``: no user site, no
+        ``PYTHON*`` variables, not the working directory on ``sys.path``; ``-u``: output streams
+        as it is written) running ``call_runner``, so output, timeout and cancel are exec's.
+        The request and the outcome travel through 0600 files in a private directory.
+        """
+        name = payload.get("name")
+        source = payload.get("source")
+        args = payload.get("args", [])
+        kwargs = payload.get("kwargs", {})
+        if not isinstance(name, str) or not name.isidentifier():
+            raise CommandError(f"call needs the function's name, got {name!r}")
+        if not isinstance(source, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise CommandError("call needs the function's source (a str), args (a list) and kwargs (an object)")
+        directory = tempfile.mkdtemp(prefix="graphene-call-")  # 0700, this agent's user only
+        try:
+            request = os.path.join(directory, "request.json")
+            outcome_path = os.path.join(directory, "result.json")
+            document = {"name": name, "source": source, "args": args, "kwargs": kwargs}
+            fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, json.dumps(document).encode())
+            finally:
+                os.close(fd)
+            argv = [sys.executable or "python3", "-I", "-u", "-c", _runner_source(), request, outcome_path]
+            result = await self._exec(state, {"argv": argv, "timeout": payload.get("timeout")})
+            if state.cancelled or result.get("timed_out"):
+                return result  # killed: exec's account of it is the whole story
+            outcome = _read_outcome(outcome_path)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        if outcome is None:
+            code = result.get("exit_code")
+            how = f"was killed by signal {result['signal']}" if result.get("signal") else f"exited with status {code}"
+            result.update(status=protocol.FAILED, error=f"the Python process running {name}() {how} before it returned")
+        elif "value" in outcome:
+            result.update(status=protocol.SUCCEEDED, value=outcome["value"])
+            result.pop("error", None)
+        else:
+            kind, message = str(outcome.get("error") or "Exception"), str(outcome.get("message") or "")
+            result.update(
+                status=protocol.FAILED,
+                error=f"{name}() raised {kind}: {message}".rstrip(": "),
+                error_type=kind,
+                error_message=message,
+                traceback=str(outcome.get("traceback") or ""),
+            )
+        return result
+
     async def _pump(self, state: Running, stream: str, reader: asyncio.StreamReader) -> None:
         """Read one pipe; send whole lines as they come (a partial line after a short pause)."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -327,8 +396,18 @@ class Executor:
         step = protocol.OUTPUT_CHUNK_BYTES
         for start in range(0, len(text), step):
             piece = text[start : start + step]
-            state.seq += 1
-            state.chunks.append((state.seq, stream, piece))
+            last = state.chunks[-1] if state.chunks else None
+            if (
+                last is not None
+                and last[0] > state.sent_max  # never sent: nobody has seen this chunk yet
+                and last[1] == stream
+                and last[2].endswith("\n")  # whole lines only: a partial line stays a line of its own
+                and len(last[2]) + len(piece) <= step
+            ):
+                state.chunks[-1] = (last[0], stream, last[2] + piece)
+            else:
+                state.seq += 1
+                state.chunks.append((state.seq, stream, piece))
             state.buffered += len(piece)
             while state.buffered > MAX_BUFFERED_OUTPUT and state.chunks:
                 _seq, _stream, old = state.chunks.popleft()
@@ -339,9 +418,17 @@ class Executor:
     async def _flush(self, state: Running) -> None:
         """Send, in order, the output the current connection has not had, then the result."""
         async with state.lock:
-            for seq, stream, data in list(state.chunks):
-                if seq <= state.sent_upto:
-                    continue
+            while state.chunks:
+                # Sequence numbers in the deque are consecutive; the ones up to sent_upto are in
+                # flight (sent, not acknowledged). Read the chunk now, not from a snapshot: until
+                # it is sent, new output may still join it.
+                index = max(0, state.sent_upto + 1 - state.chunks[0][0])
+                if index >= len(state.chunks):
+                    break
+                if index >= OUTPUT_WINDOW:
+                    return  # the window is full: the next acknowledgement flushes again
+                seq, stream, data = state.chunks[index]
+                state.sent_max = max(state.sent_max, seq)  # before the send: it may reach the server
                 if not await self.send({"type": "output", "id": state.id, "seq": seq, "stream": stream, "data": data}):
                     return
                 state.sent_upto = seq
@@ -382,6 +469,28 @@ class Executor:
                 tasks.append(state.task)
         if tasks:
             await asyncio.wait(tasks, timeout=self.kill_grace + 2)
+
+
+_RUNNER_SOURCE: list[str] = []
+
+
+def _runner_source() -> str:
+    """``call_runner``'s source (read once; inspect finds it inside the zipapp too)."""
+    if not _RUNNER_SOURCE:
+        _RUNNER_SOURCE.append(inspect.getsource(call_runner))
+    return _RUNNER_SOURCE[0]
+
+
+def _read_outcome(path: str) -> dict[str, Any] | None:
+    """What the runner wrote, or ``None`` if it wrote nothing usable (the interpreter died)."""
+    try:
+        if os.path.getsize(path) > protocol.MAX_CALL_RESULT_BYTES + 4 * call_runner.MAX_TEXT_CHARS:
+            return {"error": "ValueError", "message": "the call's result file is larger than a call may return"}
+        with open(path, encoding="utf-8") as fh:
+            outcome = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return outcome if isinstance(outcome, dict) and ("value" in outcome or "error" in outcome) else None
 
 
 def _put_file(payload: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,20 @@ JSON text messages over one websocket that the agent opens. In order:
 
 Commands are de-duplicated by id on the agent; output chunks carry a per-command sequence
 number so that a chunk re-sent after a reconnect is stored once and none is skipped.
+
+Terminals (PTY sessions) ride the same connection; unlike commands they are live only: nothing
+is stored or re-sent, and when the connection drops the agent hangs up every one of them.
+``session`` is an id the server chooses; ``data`` is base64 of raw terminal bytes.
+
+   server -> ``pty_open`` ``{session, cols, rows, command?, env?}`` (``command``: a shell line run
+   with ``$SHELL -c``; without it the user's login shell), ``pty_input`` ``{session, data}``,
+   ``pty_resize`` ``{session, cols, rows}``, ``pty_ack`` ``{session, seq}`` (output up to ``seq``
+   was delivered), ``pty_close`` ``{session}`` (hang up: SIGHUP, then SIGKILL after a grace);
+   agent -> ``pty_opened`` ``{session, pid, argv}``, ``pty_output`` ``{session, seq, data}`` (at most
+   ``PTY_CHUNK_BYTES`` each, and at most ``PTY_WINDOW`` chunks beyond the last ``pty_ack``: the
+   agent stops reading the terminal until the reader catches up), ``pty_exit`` ``{session,
+   exit_code, signal, error?}`` (the last message of a session; ``exit_code`` is null when it
+   could not start).
 """
 
 from __future__ import annotations
@@ -48,11 +62,23 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 UNKNOWN = "unknown"
 
-# Sizes. The server (daphne) accepts messages up to 1 MiB from the agent; the agent accepts
-# larger ones (a put_file carries its data).
+# Sizes. The server (daphne) accepts messages up to 1 MiB from the agent, and sends none larger
+# either (its limit holds both ways: a larger command would break the connection every time it
+# is sent). The agent accepts larger ones. So every command, with its JSON escaping, fits 1 MiB.
 MAX_AGENT_MESSAGE = 1024 * 1024
 MAX_SERVER_MESSAGE = 64 * 1024 * 1024
-MAX_PUT_FILE_BYTES = 32 * 1024 * 1024
+MAX_PUT_FILE_BYTES = 512 * 1024  # base64 makes it 4/3 larger; it must fit one server message
 MAX_GET_FILE_BYTES = 512 * 1024  # base64 makes it 4/3 larger; it must fit one agent message
+# A call carries a function's source and its arguments, measured as JSON (escapes included);
+# its JSON result must fit one agent message with the output tails.
+MAX_CALL_SOURCE_BYTES = 128 * 1024
+MAX_CALL_ARGS_BYTES = 512 * 1024
+MAX_CALL_RESULT_BYTES = 512 * 1024
 OUTPUT_CHUNK_BYTES = 64 * 1024
 TAIL_BYTES = 16 * 1024
+
+# Terminals: output chunk size (before base64), chunks in flight before the agent waits for an
+# ack, and how many sessions one agent serves at once.
+PTY_CHUNK_BYTES = 16 * 1024
+PTY_WINDOW = 16
+MAX_PTY_SESSIONS = 32

@@ -102,6 +102,10 @@ class AgentCommand(models.Model):
     # A record whose convergence or deletion waits on this command (a file on the agent's
     # machine): when the command ends, that record's work is enqueued again.
     waiting_record_id = models.UUIDField(null=True, blank=True)
+    # What that record's kind asked for (e.g. write, observe, remove), to find it again.
+    operation = models.CharField(max_length=40, blank=True, default="")
+    # When that record's kind took the result (a result is used once; see kinds/_on_agent.py).
+    consumed_at = models.DateTimeField(null=True, blank=True)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
@@ -116,6 +120,12 @@ class AgentCommand(models.Model):
             models.Index(
                 fields=["agent", "created_at"], name="agentcommand_open", condition=Q(status__in=sorted(OPEN))
             ),
+            # The commands a record's convergence or deletion waits on, not yet taken.
+            models.Index(
+                fields=["waiting_record_id", "created_at"],
+                name="agentcommand_waiting",
+                condition=Q(waiting_record_id__isnull=False, consumed_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -124,3 +134,28 @@ class AgentCommand(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status not in OPEN
+
+
+class AgentCapability(models.Model):
+    """Something an agent's machine offers (``docker`` 24 with ``arch=amd64``), published by a run.
+
+    Pipelines find machines by what they offer: ``need(name, where_label=..., where_in=...)``
+    in ``ctx.attach_agent`` and ``ctx.select_agents`` matches these rows. One row per agent
+    and name: publishing again replaces the version and labels.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    agent = models.ForeignKey(Record, on_delete=models.CASCADE, related_name="agent_capabilities")
+    name = models.CharField(max_length=100)
+    version = models.CharField(max_length=100, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    published_at = models.DateTimeField()
+    # The run (its record) that published it, if a run did.
+    published_by = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["agent", "name"], name="agentcapability_agent_name")]
+        indexes = [models.Index(fields=["name"], name="agentcapability_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version} on {self.agent_id}".replace("  ", " ")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
-from apps.agents.models import Agent, AgentCommand
+from apps.agents.models import Agent, AgentCapability, AgentCommand
 from apps.agents.services import AGENT_KIND
 from apps.core.errors import NotFound, ValidationFailed
 from apps.core.selectors import get_by_uuid
@@ -16,13 +16,19 @@ from apps.records.models import Record
 from apps.records.selectors import User, filter_labels, record_visible
 
 COMMAND_EXEC_PERMISSION = "agents.add_agentcommand"
+TERMINAL_PERMISSION = "agents.open_terminal"
 
 
 def agent_list(
     *, user: User, connected: bool | None = None, labels: dict[str, str] | None = None, include_deleted: bool = False
 ) -> QuerySet[Record]:
     """Agent records the user may see, with their connection state (one query, no N+1)."""
-    qs = record_visible(user=user).filter(kind=AGENT_KIND).select_related("agent_state")
+    qs = (
+        record_visible(user=user)
+        .filter(kind=AGENT_KIND)
+        .select_related("agent_state")
+        .prefetch_related("agent_capabilities")
+    )
     if not include_deleted:
         qs = qs.exclude(phase=Phase.DELETED)
     if connected is True:
@@ -52,6 +58,22 @@ def agent_can_run_commands(*, user: User) -> bool:
     return bool(user.is_authenticated and has_perm is not None and has_perm(COMMAND_EXEC_PERMISSION))
 
 
+def agent_can_open_terminal(*, user: User) -> bool:
+    """A terminal is a shell on the machine: its own right, not implied by running commands."""
+    has_perm = getattr(user, "has_perm", None)
+    return bool(user.is_authenticated and has_perm is not None and has_perm(TERMINAL_PERMISSION))
+
+
+def agent_connection(*, record: Record) -> Agent | None:
+    """The agent's current connection (its gateway channel and session), if it is connected."""
+    return Agent.objects.filter(pk=record.pk, session__isnull=False).exclude(channel_name="").first()
+
+
+def agent_connection_is_current(*, record_id: Any, channel_name: str) -> bool:
+    """Whether ``channel_name`` is still the agent's current connection."""
+    return Agent.objects.filter(pk=record_id, channel_name=channel_name, session__isnull=False).exists()
+
+
 def command_list(*, agent: Record, statuses: list[str] | None = None) -> QuerySet[AgentCommand]:
     qs = AgentCommand.objects.filter(agent=agent)
     if statuses:
@@ -66,13 +88,89 @@ def command_list(*, agent: Record, statuses: list[str] | None = None) -> QuerySe
     return qs
 
 
-def command_get(*, command_id: Any, agent: Record | None = None) -> AgentCommand:
+def command_get(*, command_id: Any, agent: Record | None = None, with_payload: bool = True) -> AgentCommand:
+    """One command; ``with_payload=False`` leaves out what was sent (a put_file's content)."""
     try:
         pk = uuid.UUID(str(command_id))
     except ValueError:
         raise NotFound(f"no command {command_id!r}: command ids are UUIDs") from None
     qs = AgentCommand.objects.all() if agent is None else AgentCommand.objects.filter(agent=agent)
+    if not with_payload:
+        qs = qs.defer("payload")
     command = qs.filter(pk=pk).first()
     if command is None:
         raise NotFound(f"no command {command_id}" + (f" on agent {agent.name}" if agent is not None else ""))
     return command
+
+
+def _need_met(need: dict[str, Any], capability: AgentCapability | None) -> bool:
+    if capability is None:
+        return False
+    values = {**capability.labels, "version": capability.version}
+    if any(values.get(k) != v for k, v in need["where_label"].items()):
+        return False
+    return all(values.get(k) in allowed for k, allowed in need["where_in"].items())
+
+
+def _describe_need(need: dict[str, Any]) -> str:
+    parts = [f"{k}={v}" for k, v in sorted(need["where_label"].items())]
+    parts += [f"{k} in {sorted(v)}" for k, v in sorted(need["where_in"].items())]
+    return need["name"] + (f" ({', '.join(parts)})" if parts else "")
+
+
+def agent_needs_unmet(*, agent: Record, needs: list[dict[str, Any]]) -> list[str]:
+    """The needs (cleaned by ``services.needs_clean``) that ``agent``'s capabilities do not meet,
+    each as a sentence naming what it found instead."""
+    offered = {c.name: c for c in AgentCapability.objects.filter(agent=agent, name__in=[n["name"] for n in needs])}
+    unmet = []
+    for need in needs:
+        capability = offered.get(need["name"])
+        if _need_met(need, capability):
+            continue
+        if capability is None:
+            unmet.append(f"needs {_describe_need(need)}: the agent does not publish {need['name']!r}")
+        else:
+            values = {**capability.labels, "version": capability.version}
+            found = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+            unmet.append(f"needs {_describe_need(need)}: it publishes {need['name']} with {found}")
+    return unmet
+
+
+def agents_select(
+    *, labels: dict[str, str] | None = None, needs: list[dict[str, Any]] | None = None, limit: int = 1000
+) -> list[Record]:
+    """Live agent records whose labels match and whose capabilities meet every need, by name.
+
+    The capability names are matched in SQL (one EXISTS per need, over the name index), the
+    label conditions of the few agents left in Python.
+    """
+    qs: QuerySet[Record] = Record.objects.filter(kind=AGENT_KIND, deletion_requested_at__isnull=True).exclude(
+        phase=Phase.DELETED
+    )
+    if labels:
+        qs = filter_labels(qs, labels)
+    for need in needs or []:
+        qs = qs.filter(Exists(AgentCapability.objects.filter(agent=OuterRef("pk"), name=need["name"])))
+    found = list(qs.select_related("agent_state").order_by("name", "pk")[:limit])
+    if not needs:
+        return found
+    by_agent: dict[Any, dict[str, AgentCapability]] = {}
+    for capability in AgentCapability.objects.filter(
+        agent__in=[r.pk for r in found], name__in=[n["name"] for n in needs]
+    ):
+        by_agent.setdefault(capability.agent_id, {})[capability.name] = capability
+    return [r for r in found if all(_need_met(n, by_agent.get(r.pk, {}).get(n["name"])) for n in needs)]
+
+
+def agent_find(*, name_or_id: str) -> list[Record]:
+    """Live agent records with this id or name (a name may match several: the caller decides)."""
+    qs = Record.objects.filter(kind=AGENT_KIND, deletion_requested_at__isnull=True).exclude(phase=Phase.DELETED)
+    try:
+        pk = uuid.UUID(str(name_or_id))
+    except ValueError:
+        return list(qs.filter(name=name_or_id).order_by("created_at")[:10])
+    return list(qs.filter(pk=pk))
+
+
+def capability_list(*, agent: Record) -> QuerySet[AgentCapability]:
+    return AgentCapability.objects.filter(agent=agent).order_by("name")

@@ -25,6 +25,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
+import keyword
 import logging
 import secrets
 import uuid
@@ -39,7 +41,7 @@ from django.utils import timezone
 from graphene_agent import protocol
 
 from apps.agents.choices import IN_FLIGHT, OPEN, TERMINAL, TRANSITIONS, CommandKind, CommandStatus, Guarantee, TokenKind
-from apps.agents.models import Agent, AgentCommand, AgentToken
+from apps.agents.models import Agent, AgentCapability, AgentCommand, AgentToken
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.observability import hooks as observability  # observability: command spans (issue 8)
@@ -57,7 +59,22 @@ MAX_TAIL_CHARS = 64 * 1024
 MAX_ARGV = 4096
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 # Result keys kept from an agent's answer besides status, exit code, error and tails.
-RESULT_KEYS = ("signal", "timed_out", "duration_s", "size", "sha256", "data", "mode", "replayed", "dropped_chunks")
+RESULT_KEYS = (
+    "signal",
+    "timed_out",
+    "duration_s",
+    "size",
+    "sha256",
+    "data",
+    "mode",
+    "replayed",
+    "dropped_chunks",
+    # call: the function's JSON value, or what it raised (type name, message, traceback).
+    "value",
+    "error_type",
+    "error_message",
+    "traceback",
+)
 
 
 class IllegalCommandTransition(GrapheneError):
@@ -322,7 +339,7 @@ def _authenticate(
             tuple({*claimed_ids, token.agent_id}),
         )
     record = Record.objects.get(pk=token.agent_id)
-    if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+    if _retired(record):
         return refuse(protocol.CLOSE_DELETED, "AgentDeleted", f"agent {record.pk} is deleted or being deleted")
     if token.revoked_at is not None:
         why = f": {token.revoked_reason}" if token.revoked_reason else ""
@@ -356,6 +373,15 @@ def _authenticate(
     return Authenticated(record_id=record.pk, credential=issued)
 
 
+def _retired(record: Record) -> bool:
+    """The agent record itself is being deleted (its tokens are revoked, it takes no commands).
+
+    A requested deletion alone does not retire it: records on its machine (its children)
+    are deleted first, through it, so it keeps serving until its own turn comes.
+    """
+    return record.phase in (Phase.DELETING, Phase.DELETED, Phase.DELETE_FAILED)
+
+
 # --- connection --------------------------------------------------------------------------------
 
 
@@ -377,7 +403,7 @@ def agent_connect(
     now = _now()
     with transaction.atomic():
         record = Record.objects.select_for_update(no_key=True).get(pk=record_id)
-        if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+        if _retired(record):
             raise AgentRefused(
                 f"agent {record.pk} is being deleted", close_code=protocol.CLOSE_DELETED, reason="AgentDeleted"
             )
@@ -515,6 +541,7 @@ def command_payload_validate(kind: str, payload: Any) -> dict[str, Any]:
         CommandKind.EXEC: {"argv", "env", "cwd", "timeout"},
         CommandKind.PUT_FILE: {"path", "data", "mode", "make_dirs"},
         CommandKind.GET_FILE: {"path", "max_bytes"},
+        CommandKind.CALL: {"name", "source", "args", "kwargs", "timeout"},
     }[CommandKind(kind)]
     unknown = sorted(set(payload) - allowed)
     if unknown:
@@ -524,6 +551,8 @@ def command_payload_validate(kind: str, payload: Any) -> dict[str, Any]:
         )
     if kind == CommandKind.EXEC:
         return _exec_payload(payload)
+    if kind == CommandKind.CALL:
+        return _call_payload(payload)
     if kind == CommandKind.PUT_FILE:
         data = payload.get("data")
         if not isinstance(data, str):
@@ -549,6 +578,50 @@ def command_payload_validate(kind: str, payload: Any) -> dict[str, Any]:
     ):
         raise _fail("max_bytes", f"must be an integer between 1 and {protocol.MAX_GET_FILE_BYTES}")
     return {"path": _absolute_path(payload), "max_bytes": max_bytes}
+
+
+def _call_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A Python function for the agent's machine: its source, its name, JSON arguments."""
+    source = payload.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise _fail("source", "required: the function's source code (a def statement)")
+    if "\x00" in source:
+        raise _fail("source", "contains a NUL byte")
+    if len(json.dumps(source)) > protocol.MAX_CALL_SOURCE_BYTES:
+        size = len(json.dumps(source))
+        raise _fail("source", f"{size} bytes of JSON, more than the {protocol.MAX_CALL_SOURCE_BYTES} a call carries")
+    name = payload.get("name")
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise _fail("name", f"must be the function's name (a Python identifier), got {name!r}")
+    args = payload.get("args", [])
+    if not isinstance(args, list):
+        raise _fail("args", "must be a list (the positional arguments, as JSON)")
+    kwargs = payload.get("kwargs", {})
+    if not isinstance(kwargs, Mapping):
+        raise _fail("kwargs", "must be an object (the keyword arguments, as JSON)")
+    for key in kwargs:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValidationFailed(
+                f"kwargs: {key!r} is not a parameter name", fields={f"kwargs.{key}": ["not an identifier"]}
+            )
+    size = len(json.dumps([args, kwargs]).encode())
+    if size > protocol.MAX_CALL_ARGS_BYTES:
+        raise _fail(
+            "args",
+            f"the arguments are {size} bytes of JSON, more than the {protocol.MAX_CALL_ARGS_BYTES} a call carries",
+        )
+    timeout = _timeout(payload)
+    return {"name": name, "source": source, "args": list(args), "kwargs": dict(kwargs), "timeout": timeout}
+
+
+def _timeout(payload: Mapping[str, Any]) -> float | None:
+    timeout = payload.get("timeout")
+    if timeout is not None:
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+            raise _fail("timeout", "must be a number of seconds")
+        if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+            raise _fail("timeout", f"must be more than 0 and at most {MAX_TIMEOUT_SECONDS} seconds")
+    return timeout
 
 
 def _exec_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -581,12 +654,7 @@ def _exec_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     cwd = payload.get("cwd")
     if cwd is not None and cwd != "":
         cwd = _absolute_path(payload, "cwd")
-    timeout = payload.get("timeout")
-    if timeout is not None:
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-            raise _fail("timeout", "must be a number of seconds")
-        if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
-            raise _fail("timeout", f"must be more than 0 and at most {MAX_TIMEOUT_SECONDS} seconds")
+    timeout = _timeout(payload)
     return {"argv": list(argv), "env": dict(env), "cwd": cwd or None, "timeout": timeout}
 
 
@@ -598,11 +666,19 @@ def command_submit(
     guarantee: str = Guarantee.AT_LEAST_ONCE,
     actor: records.Actor = None,
     log_to: Iterable[Any] = (),
+    waiting_record: Any = None,
+    operation: str = "",
+    sealed: bool = False,
 ) -> AgentCommand:
     """Store a command for ``agent`` and tell its connection (if any) after commit.
 
     It is delivered now if the agent is connected, else when it connects. ``log_to`` names
     more records (e.g. a run) whose logs receive the command's output besides the agent's.
+    ``waiting_record`` is a record whose convergence or deletion waits on the command (an
+    object on the agent's machine): it is woken when the command ends, and such commands are
+    taken while the agent's own deletion is requested (its machine's records go first);
+    ``operation`` names what that record's kind asked for. A ``sealed`` payload (it carries a
+    secret's value) is stored encrypted with the secrets key and opened only to be sent (I7).
     """
     if agent.kind != AGENT_KIND:
         raise _fail("agent", f"{agent} is not an agent record")
@@ -612,14 +688,22 @@ def command_submit(
     extra_logs = [str(uuid.UUID(str(r))) for r in log_to]
     with transaction.atomic():
         current = Record.objects.filter(pk=agent.pk).values("phase", "deletion_requested_at").first()
-        if current is None or current["phase"] == Phase.DELETED or current["deletion_requested_at"] is not None:
+        if (
+            current is None
+            or current["phase"] in (Phase.DELETING, Phase.DELETED, Phase.DELETE_FAILED)
+            or (current["deletion_requested_at"] is not None and waiting_record is None)
+        ):
             raise Conflict(f"agent {agent.name} ({agent.pk}) is deleted or being deleted; it takes no commands")
+        command_id = uuid.uuid4()
         command = AgentCommand.objects.create(
+            id=command_id,
             agent=agent,
             kind=kind,
-            payload=clean,
+            payload=_seal(command_id, clean) if sealed else clean,
+            operation=operation[:40],
             guarantee=guarantee,
             log_record_ids=extra_logs,
+            waiting_record_id=waiting_record,
             requested_by_id=actor.pk if actor is not None and actor.is_authenticated else None,
             created_at=_now(),
         )
@@ -646,12 +730,36 @@ def command_cancel(*, command: AgentCommand, actor: records.Actor = None) -> Age
 # --- commands: delivery and results (called by the gateway consumer) -----------------------------
 
 
+SEALED = "$sealed"
+
+
+def _seal(command_id: uuid.UUID, payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload encrypted (bound to the command's id); only its function's name stays readable."""
+    from apps.secrets.crypto import encrypt
+
+    ciphertext, _key = encrypt(namespace="agent-command", name=str(command_id), value=json.dumps(payload))
+    visible = {"name": payload["name"]} if "name" in payload else {}
+    return {SEALED: ciphertext, **visible}
+
+
+def _unsealed(command: AgentCommand) -> dict[str, Any]:
+    from apps.secrets.crypto import decrypt
+
+    payload = command.payload
+    if SEALED not in payload:
+        return payload
+    opened: dict[str, Any] = json.loads(
+        decrypt(namespace="agent-command", name=str(command.pk), ciphertext=payload[SEALED])
+    )
+    return opened
+
+
 def _command_message(command: AgentCommand, *, redelivery: bool) -> dict[str, Any]:
     return {
         "type": "command",
         "id": str(command.pk),
         "kind": command.kind,
-        "payload": command.payload,
+        "payload": _unsealed(command),
         "guarantee": command.guarantee,
         "redelivery": redelivery,
         "output_seq": command.output_seq,
@@ -684,6 +792,11 @@ def commands_deliver(*, record_id: Any, session: uuid.UUID, everything: bool) ->
         for command in rows:
             if command.cancel_requested_at is not None:
                 continue  # only the cancel goes out (below): the agent answers it for any id
+            try:
+                _unsealed(command)
+            except GrapheneError as exc:  # sealed with a key that is gone: it can never be sent
+                _command_finish_row(command, CommandStatus.CANCELLED, error=f"cannot open the command: {exc.detail}")
+                continue
             redelivery = command.status != CommandStatus.QUEUED
             if not redelivery:
                 _command_transition(command, CommandStatus.SENT)
@@ -805,6 +918,10 @@ def _command_finish_row(
         "result": result or {},
         "finished_at": now,
     }
+    if command.kind == CommandKind.PUT_FILE and "data" in command.payload:
+        # Delivered, or it never will be: the content (base64) need not stay in the row
+        # (the result keeps the size and SHA-256 the machine reported).
+        fields["payload"] = {k: v for k, v in command.payload.items() if k != "data"}
     for name, value in fields.items():
         setattr(command, name, value)
     AgentCommand.objects.filter(pk=command.pk).update(**fields)
@@ -813,16 +930,30 @@ def _command_finish_row(
         "agents", {"event": "agent.command.changed", "id": str(command.pk), "agent": str(command.agent_id)}
     )
     command_id = command.pk
+    waiting_record_id = command.waiting_record_id
 
     def wake() -> None:
         from apps.pipelines.services import runs_wake
 
         try:
-            runs_wake(targets=[command_id])
-        except Exception:  # a hint: the runs' recovery scan finds them if this is lost
-            logger.warning("could not wake runs waiting on command %s", command_id, exc_info=True)
+            if waiting_record_id is not None:
+                records.record_wake(record_id=waiting_record_id)
+            else:
+                runs_wake(targets=[command_id])
+        except Exception:  # a hint: the runs' recovery scan (the record's retry) finds them if lost
+            logger.warning("could not wake what waits on command %s", command_id, exc_info=True)
 
     transaction.on_commit(wake)
+
+
+def command_take(*, command: AgentCommand) -> bool:
+    """Mark a finished command's result as used by the record waiting on it; ``False`` if it
+    was taken already (a duplicate convergence or deletion got there first)."""
+    return bool(
+        AgentCommand.objects.filter(pk=command.pk, consumed_at__isnull=True, status__in=sorted(TERMINAL)).update(
+            consumed_at=_now()
+        )
+    )
 
 
 def agent_retire(*, record: Record) -> None:
@@ -849,3 +980,176 @@ def agent_retire(*, record: Record) -> None:
             agent_group(record.pk),
             {"event": "agent.close", "code": protocol.CLOSE_DELETED, "reason": "the agent's record was deleted"},
         )
+
+
+# --- terminals ---------------------------------------------------------------------------------
+# A terminal (PTY session) is live only: nothing of it is stored but its trail. These write the
+# events that say who opened a shell on the machine, when, and how it ended (never what was typed
+# or shown). The gateway's consumers call them; the relay itself is in ``consumers``.
+
+
+def _user(user_id: Any) -> Any:
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.filter(pk=user_id).first() if user_id is not None else None
+
+
+def terminal_refused(*, record_id: Any, user: records.Actor, why: str, message: str) -> None:
+    """A user was refused a terminal (no permission, agent not connected): an ``error`` event."""
+    username = user.get_username() if user is not None and user.is_authenticated else ""
+    records.record_event_write(
+        record_id,
+        EventType.ERROR,
+        reason="TerminalRefused",
+        message=message,
+        data={"user": username, "why": why},
+        actor=user,
+    )
+
+
+def terminal_opened(
+    *, record_id: Any, session: str, user_id: Any, username: str, pid: int, argv: list[str], cols: int, rows: int
+) -> None:
+    """The agent started the terminal's program."""
+    records.record_event_write(
+        record_id,
+        EventType.TERMINAL,
+        reason="TerminalOpened",
+        message=f"{username} opened a terminal: {' '.join(argv)} (pid {pid})",
+        data={"session": session, "user": username, "pid": pid, "argv": argv, "cols": cols, "rows": rows},
+        actor=_user(user_id),
+    )
+
+
+def terminal_closed(
+    *,
+    record_id: Any,
+    session: str,
+    user_id: Any,
+    username: str,
+    exit_code: int | None,
+    signal: int | None,
+    duration_s: float,
+    error: str = "",
+    closed_by: str = "",
+) -> None:
+    """The terminal ended: its program exited (``exit_code``), or it did not start or its agent
+    went away (``error``)."""
+    if error:
+        how = f"ended: {error}"
+    elif signal:
+        how = f"ended: killed by signal {signal} (exit code {exit_code})"
+    else:
+        how = f"ended with exit code {exit_code}"
+    records.record_event_write(
+        record_id,
+        EventType.TERMINAL,
+        reason="TerminalClosed",
+        message=f"the terminal of {username} {how} after {duration_s:.1f}s",
+        data={
+            "session": session,
+            "user": username,
+            "exit_code": exit_code,
+            "signal": signal,
+            "duration_s": round(duration_s, 3),
+            "error": error,
+            "closed_by": closed_by,
+        },
+        actor=_user(user_id),
+    )
+
+
+# --- capabilities -------------------------------------------------------------------------------
+
+CAPABILITY_NAME_MAX = 100
+
+
+def needs_clean(needs: Any) -> list[dict[str, Any]]:
+    """Validate needs (``graphene_sdk.need(...)`` as JSON): ``[{name, where_label, where_in}]``.
+
+    ``where_label`` maps a capability label to the value it must have; ``where_in`` maps a
+    label (or ``version``) to the values it may have.
+    """
+    if not isinstance(needs, list | tuple):
+        raise _fail("needs", "must be a list of needs, e.g. [need('docker', where_label={'arch': 'amd64'})]")
+    clean: list[dict[str, Any]] = []
+    for index, item in enumerate(needs):
+        where = f"needs.{index}"
+        if not isinstance(item, Mapping):
+            raise ValidationFailed(f"{where}: must be an object with a name", fields={where: ["not an object"]})
+        unknown = sorted(set(item) - {"name", "where_label", "where_in"})
+        if unknown:
+            raise ValidationFailed(
+                f"{where}: unknown field(s) {unknown}; a need has name, where_label, where_in",
+                fields={where: [f"unknown {unknown}"]},
+            )
+        name = item.get("name")
+        if not isinstance(name, str) or not name or len(name) > CAPABILITY_NAME_MAX:
+            raise ValidationFailed(
+                f"{where}.name: a capability name of 1 to {CAPABILITY_NAME_MAX} characters is required",
+                fields={f"{where}.name": ["required"]},
+            )
+        where_label = item.get("where_label") or {}
+        if not isinstance(where_label, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in where_label.items()
+        ):
+            raise ValidationFailed(
+                f"{where}.where_label: must map label names to string values",
+                fields={f"{where}.where_label": ["not a string mapping"]},
+            )
+        where_in = item.get("where_in") or {}
+        if not isinstance(where_in, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, list | tuple) and v and all(isinstance(x, str) for x in v)
+            for k, v in where_in.items()
+        ):
+            raise ValidationFailed(
+                f"{where}.where_in: must map label names (or 'version') to non-empty lists of strings",
+                fields={f"{where}.where_in": ["not a mapping to lists of strings"]},
+            )
+        clean.append(
+            {
+                "name": name,
+                "where_label": dict(where_label),
+                "where_in": {k: list(v) for k, v in where_in.items()},
+            }
+        )
+    return clean
+
+
+def capability_publish(
+    *,
+    agent: Record,
+    name: str,
+    version: str = "",
+    labels: Mapping[str, str] | None = None,
+    published_by: Any = None,
+    actor: records.Actor = None,
+) -> AgentCapability:
+    """Say that ``agent``'s machine offers ``name`` (replacing what was said of it before)."""
+    if agent.kind != AGENT_KIND:
+        raise _fail("agent", f"{agent} is not an agent record")
+    if not isinstance(name, str) or not name or len(name) > CAPABILITY_NAME_MAX or "\x00" in name:
+        raise _fail("name", f"a capability name of 1 to {CAPABILITY_NAME_MAX} characters is required")
+    if not isinstance(version, str) or len(version) > 100:
+        raise _fail("version", "must be a string of at most 100 characters")
+    labels = dict(labels or {})
+    if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items()):
+        raise _fail("labels", "must map non-empty label names to string values")
+    with transaction.atomic():
+        current = Record.objects.select_for_update(no_key=True).filter(pk=agent.pk).first()
+        if current is None or _retired(current) or current.deletion_requested_at is not None:
+            raise Conflict(f"agent {agent.name} ({agent.pk}) is deleted or being deleted")
+        capability, created = AgentCapability.objects.update_or_create(
+            agent=agent,
+            name=name,
+            defaults={"version": version, "labels": labels, "published_at": _now(), "published_by": published_by},
+        )
+        described = f"{name} {version}".strip()
+        _record_event(
+            agent.pk,
+            EventType.NOTE,
+            reason="CapabilityPublished",
+            message=f"{'publishes' if created else 'updated'} capability {described}",
+            data={"name": name, "version": version, "labels": labels, "run": str(published_by or "")},
+        )
+    return capability

@@ -51,21 +51,45 @@ class LogEntry:
     at: datetime | None = None
 
 
+LOG_COLUMNS = ("record_id", "at", "stream", "severity", "source", "message")
+
+
+def _text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL; a program printing one must not make its output unstorable.
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+
+
 def log_write_many(entries: Iterable[LogEntry]) -> int:
-    """Append many lines in one INSERT per 1,000 (a command's or container's output)."""
+    """Append many lines at once (a command's or container's output), in the caller's transaction.
+
+    On PostgreSQL one ``COPY``: an agent streams tens of thousands of lines a second, and
+    building a model instance and SQL parameters per line cost ~80 us of the gateway's CPU
+    per line (bench/agent_logs.py); ``COPY`` rows cost a few. Elsewhere (SQLite, embedded
+    mode) ``bulk_create``. Neither sends signals.
+    """
     now = timezone.now()
     rows = [
-        LogLine(
-            record_id=e.record_id,
-            at=e.at or now,
-            stream=e.stream,
-            severity=e.severity if e.severity in SEVERITIES else "info",
-            source=e.source[:120],
-            message=e.message,
+        (
+            e.record_id,
+            e.at or now,
+            e.stream,
+            e.severity if e.severity in SEVERITIES else "info",
+            _text(e.source[:120]),
+            _text(e.message),
         )
         for e in entries
     ]
-    LogLine.objects.bulk_create(rows, batch_size=1000)
+    if not rows:
+        return 0
+    connection = transaction.get_connection()
+    if connection.vendor == "postgresql":
+        statement = f"COPY {LogLine._meta.db_table} ({', '.join(LOG_COLUMNS)}) FROM STDIN"
+        with connection.cursor() as wrapper, wrapper.cursor.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+    else:
+        lines = [LogLine(**dict(zip(LOG_COLUMNS, row, strict=True))) for row in rows]
+        LogLine.objects.bulk_create(lines, batch_size=1000)
     return len(rows)
 
 

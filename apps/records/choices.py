@@ -75,3 +75,8 @@ class EventType(models.TextChoices):
     DRIFT_DETECTED = "drift_detected", "Drift detected"
     # The log bounds removed lines from the record's log (data: how many).
     LOGS_TRIMMED = "logs_trimmed", "Logs trimmed"
+    # Something was done with or on the record that changes no phase (``reason`` says what:
+    # a capability published on an agent, a terminal opened on its machine; ``data`` details).
+    NOTE = "note", "Note"
+    # A user opened or closed a terminal (PTY) on an agent's machine (data: session, user, exit code).
+    TERMINAL = "terminal", "Terminal"

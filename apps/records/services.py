@@ -28,10 +28,11 @@ import random
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import jsonschema
@@ -47,7 +48,7 @@ from apps.observability import hooks as observability  # observability: spans an
 from apps.observability import metrics
 from apps.records.choices import ROOT_KINDS, TRANSITIONS, DriftPolicy, EventType, Phase
 from apps.records.models import Event, Record
-from kinds import Drift, Kind, Observed, PermanentError, UnknownKind, get_kind, registry
+from kinds import Drift, Kind, NotYet, Observed, PermanentError, UnknownKind, get_kind, registry
 
 logger = logging.getLogger(__name__)
 
@@ -181,11 +182,19 @@ def record_transition(
 
 
 def record_event_write(
-    record_id: Any, type: str, *, reason: str, message: str = "", data: dict[str, Any] | None = None
+    record_id: Any,
+    type: str,
+    *,
+    reason: str,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
 ) -> Event:
     """Append an event to a record's history (not a phase change: those go through transitions)
     and tell its watchers."""
-    event = Event.objects.create(**_event_kwargs(record_id, type, reason=reason, message=message, data=data or {}))
+    event = Event.objects.create(
+        **_event_kwargs(record_id, type, reason=reason, message=message, data=data or {}, actor=actor)
+    )
     _notify([record_id])
     return event
 
@@ -484,6 +493,9 @@ def record_converge(*, record_id: Any) -> None:
                 Record.objects.filter(pk=record.pk).update(**fields)
         try:
             outputs = get_kind(record.kind).create(record)
+        except NotYet as wait:
+            _converge_later(record_id=record_id, retry_in=wait.retry_in)
+            return
         except Exception as exc:
             observability.converge_failed(record, started_at, exc)  # observability
             _converge_failed(record_id=record_id, error=exc)
@@ -527,6 +539,34 @@ def record_converge(*, record_id: Any) -> None:
 def _error_text(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def record_wake(*, record_id: Any) -> None:
+    """What a record's kind waited on (``NotYet``) has happened: run its convergence or its
+    deletion again now. A hint only: without it, the retry the kind asked for comes later."""
+    from apps.records.tasks import records_delete_task
+
+    record = Record.objects.filter(pk=record_id).values("phase", "deletion_requested_at").first()
+    if record is None or record["phase"] == Phase.DELETED:
+        return
+    if record["deletion_requested_at"] is not None:
+        if record["phase"] == Phase.DELETING:
+            records_delete_task.delay([str(record_id)])
+    elif record["phase"] in _CONVERGIBLE:
+        from apps.records.tasks import record_converge_task
+
+        record_converge_task.delay(str(record_id))
+
+
+def _converge_later(*, record_id: Any, retry_in: float) -> None:
+    """The kind's work goes on elsewhere: look again later (or when it wakes us), no attempt counted."""
+    retry_in = max(0.0, retry_in)
+    with transaction.atomic():
+        updated = Record.objects.filter(
+            pk=record_id, phase__in=_CONVERGIBLE, deletion_requested_at__isnull=True
+        ).update(next_attempt_at=timezone.now() + timedelta(seconds=retry_in) + _lease())
+        if updated:
+            _enqueue_converge_on_commit(record_id, countdown=retry_in)
 
 
 @transaction.atomic
@@ -722,6 +762,10 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         claim = [fresh[r.pk] for r in claim if r.pk in fresh and fresh[r.pk].phase == Phase.DELETING]
         now = timezone.now()
         done = [r for r in claim if results[r.pk] is None]
+        waiting = [r for r in claim if isinstance(results[r.pk], NotYet)]
+        claim = [r for r in claim if not isinstance(results[r.pk], NotYet)]
+        if waiting:
+            _delete_later(waiting, results, now)
         observability.deleted(claim, results, started_at)  # observability: before phases change
         _transition(
             done,
@@ -755,6 +799,19 @@ def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
     size = max(1, settings.GRAPHENE_DELETE_BATCH)
     _enqueue_deletions_on_commit(ready[size:])
     return [pk for pk, _parent in ready[:size]]
+
+
+def _delete_later(records: Sequence[Record], results: Mapping[Any, BaseException | None], now: datetime) -> None:
+    """Deletions under way elsewhere: they stay ``deleting``; look again later (or when woken)."""
+    from apps.records.tasks import records_delete_task
+
+    for record in records:
+        wait = results[record.pk]
+        retry_in = max(0.0, wait.retry_in if isinstance(wait, NotYet) else 5.0)
+        Record.objects.filter(pk=record.pk).update(
+            next_attempt_at=now + timedelta(seconds=retry_in) + _lease(), updated_at=now
+        )
+        transaction.on_commit(partial(records_delete_task.apply_async, ([str(record.pk)],), countdown=retry_in))
 
 
 def _delete_failed(record: Record, error: BaseException) -> None:
@@ -1028,6 +1085,7 @@ def records_observe(*, record_ids: Sequence[Any]) -> dict[str, int]:
     counts = dict.fromkeys(("clean", "drifted", "healing", "resolved", "skipped", "failed"), 0)
     now = timezone.now()
     clean: defaultdict[timedelta, list[Any]] = defaultdict(list)
+    later: defaultdict[timedelta, list[Any]] = defaultdict(list)
     skipped: list[Any] = []
     changed: list[tuple[Record, list[Drift] | None]] = []
     for record in Record.objects.filter(pk__in=list(record_ids)):
@@ -1039,6 +1097,9 @@ def records_observe(*, record_ids: Sequence[Any]) -> dict[str, int]:
         try:
             observed: Observed | None = kind.observe(record)
             drifts = kind.diff(record, observed) if observed is not None else None
+        except NotYet:  # cannot look now (its agent is away): look again next interval, quietly
+            later[interval].append(record.pk)
+            continue
         except Exception as exc:  # the kind could not look (engine down, network): try again later
             counts["failed"] += 1
             _observe_failed(record, exc, now + interval)
@@ -1051,8 +1112,12 @@ def records_observe(*, record_ids: Sequence[Any]) -> dict[str, int]:
         counts["clean"] += Record.objects.filter(
             pk__in=ids, phase=Phase.READY, deletion_requested_at__isnull=True
         ).update(next_observe_at=now + interval, observed_at=now)
+    for interval, ids in later.items():
+        counts["skipped"] += Record.objects.filter(pk__in=ids, next_observe_at__isnull=False).update(
+            next_observe_at=now + interval
+        )
     if skipped:
-        counts["skipped"] = Record.objects.filter(pk__in=skipped).update(next_observe_at=None)
+        counts["skipped"] += Record.objects.filter(pk__in=skipped).update(next_observe_at=None)
     for record, drifts in changed:
         counts[_drift_handle(record.pk, drifts, now)] += 1
     return counts

@@ -21,6 +21,7 @@ class AgentOutput(serializers.ModelSerializer[Record]):
     version = serializers.SerializerMethodField()
     peer = serializers.SerializerMethodField()
     facts = serializers.SerializerMethodField()
+    capabilities = serializers.SerializerMethodField()
 
     class Meta:
         model = Record
@@ -39,10 +40,18 @@ class AgentOutput(serializers.ModelSerializer[Record]):
             "version",
             "peer",
             "facts",
+            "capabilities",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_capabilities(self, record: Record) -> list[dict[str, Any]]:
+        """What the machine offers (``ctx.publish_capability``), by name; prefetched by the lists."""
+        return [
+            {"name": c.name, "version": c.version, "labels": c.labels, "published_at": c.published_at}
+            for c in sorted(record.agent_capabilities.all(), key=lambda c: c.name)
+        ]
 
     def _state(self, record: Record) -> Any:
         return getattr(record, "agent_state", None)
@@ -105,6 +114,8 @@ class CommandOutput(serializers.ModelSerializer[AgentCommand]):
 
     def get_payload(self, command: AgentCommand) -> dict[str, Any]:
         payload = dict(command.payload)
+        if "$sealed" in payload:  # it carries a secret's value: encrypted at rest, never shown
+            payload["$sealed"] = "<encrypted>"
         if "data" in payload:  # put_file content: report its size, not the bytes
             payload["data"] = f"<{len(payload['data']) * 3 // 4} bytes, base64>"
         return payload

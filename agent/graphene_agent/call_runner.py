@@ -1,0 +1,101 @@
+"""Runs one ``call`` command: ``python -I -c <this module's source> REQUEST RESULT``.
+
+The agent starts a fresh, isolated interpreter for each call, so the function cannot disturb
+the agent and its stdout/stderr are the command's output, streamed like ``exec``'s. This
+module is that interpreter's program: it imports nothing of the agent (it runs as a bare
+``-c`` script), only the standard library, and stays Python 3.9 compatible.
+
+REQUEST (JSON, 0600, written by the agent): ``{"name", "source", "args", "kwargs"}``. The
+source is compiled with postponed annotations (annotations are never evaluated, so they may
+name types that do not exist here) and executed in a fresh module namespace; then
+``name(*args, **kwargs)`` is called. RESULT (JSON, 0600) is ``{"value": ...}`` or
+``{"error": type name, "message", "traceback"}`` — also when the function's result is not
+JSON or too large. No RESULT at all means the interpreter died (killed, crashed).
+"""
+
+from __future__ import annotations
+import __future__
+
+import json
+import linecache
+import os
+import sys
+import traceback
+import types
+from typing import Any
+
+# The largest result (its JSON), and the longest message or traceback, sent back. The result
+# must fit one message to the server (1 MiB) with the output tails; a copy of
+# graphene_agent.protocol.MAX_CALL_RESULT_BYTES, since this script imports nothing of the agent.
+MAX_RESULT_BYTES = 512 * 1024
+MAX_TEXT_CHARS = 16 * 1024
+MODULE = "graphene_call"
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    half = MAX_TEXT_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _write(path: str, document: dict[str, Any]) -> None:
+    data = json.dumps(document).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _error(kind: str, message: str, trace: str = "") -> dict[str, Any]:
+    return {"error": kind, "message": _clip(message), "traceback": _clip(trace)}
+
+
+def _raised(exc: BaseException) -> dict[str, Any]:
+    """The exception as the machine saw it, without this script's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":  # this script (run with -c)
+        tb = tb.tb_next
+    trace = "".join(traceback.format_exception(type(exc), exc, tb))
+    return _error(type(exc).__name__, str(exc), trace)
+
+
+def main(argv: list[str]) -> int:
+    request_path, result_path = argv
+    with open(request_path, encoding="utf-8") as fh:
+        request = json.load(fh)
+    name = str(request["name"])
+    source = str(request["source"])
+    filename = f"<agent.run {name}>"
+    # Tracebacks show the function's lines, as they would for a file.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(MODULE)
+    sys.modules[MODULE] = module  # what pickle, dataclasses and friends look functions up in
+    sys.argv = [filename]
+    try:
+        flags = __future__.annotations.compiler_flag
+        exec(compile(source, filename, "exec", flags=flags, dont_inherit=True), module.__dict__)  # noqa: S102
+        value = module.__dict__[name](*request["args"], **request["kwargs"])
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: that is how the function ended
+        _write(result_path, _raised(exc))
+        return 0
+    try:
+        encoded = json.dumps({"value": value}, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        _write(result_path, _error("TypeError", f"the result of {name}() is not JSON-serializable: {exc}"))
+        return 0
+    if len(encoded.encode()) > MAX_RESULT_BYTES:
+        message = f"the result of {name}() is {len(encoded.encode())} bytes of JSON; a call returns at most "
+        _write(result_path, _error("ValueError", message + f"{MAX_RESULT_BYTES} (write it to a file instead)"))
+        return 0
+    fd = os.open(result_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, encoded.encode())
+    finally:
+        os.close(fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
