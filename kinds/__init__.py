@@ -12,6 +12,8 @@ not write it: the services own every write) and must be safe to call again after
   with the spec (``[]``: as specified). The drift scheduler calls both every
   ``drift_interval`` on ready records; on a difference it heals (re-runs ``create``, which
   must bring an existing object back to its spec) or reports, as the declaration says.
+* Work that goes on elsewhere (a command on an agent's machine) raises ``NotYet`` from
+  ``create``, ``delete`` or ``observe``: the call is repeated later, without counting an attempt.
 * ``sweep`` lists external objects carrying a Graphene marker, for the orphan sweeper;
   ``delete_external`` removes one of them by its external id.
 """
@@ -46,12 +48,43 @@ def string_or_secret(description: str) -> dict[str, Any]:
     return {"oneOf": [{"type": "string"}, SECRET_REF_SCHEMA], "description": description}
 
 
+# A spec value that may name an artifact (an ``ArtifactRef`` in the SDK, stored as
+# ``{"$artifact": "<record id>"}``); ``apps.artifacts.services.content_resolve`` reads its bytes.
+ARTIFACT_REF_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"$artifact": {"type": "string", "format": "uuid", "minLength": 1}},
+    "required": ["$artifact"],
+    "additionalProperties": False,
+}
+
+
+def content_ref(description: str) -> dict[str, Any]:
+    """The schema of a content field: text, a secret reference or an artifact reference.
+
+    Kinds read such a field with ``apps.artifacts.services.content_resolve`` (bytes) and
+    ``content_digest`` (``"sha256:<hex>"``, without reading an artifact's blob).
+    """
+    return {"oneOf": [{"type": "string"}, SECRET_REF_SCHEMA, ARTIFACT_REF_SCHEMA], "description": description}
+
+
 class KindError(Exception):
     """A kind operation failed and may succeed if retried (network, busy, timeout)."""
 
 
 class PermanentError(KindError):
     """A kind operation failed in a way retrying cannot fix (bad spec, name taken by a stranger)."""
+
+
+class NotYet(KindError):
+    """The operation is under way elsewhere (a command on an agent's machine): call again later.
+
+    Not a failure: it counts no attempt and writes no error event. The records app calls the
+    operation again after ``retry_in`` seconds, or sooner when what it waits on wakes it.
+    """
+
+    def __init__(self, message: str, *, retry_in: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
 
 
 @dataclass(frozen=True)
@@ -142,6 +175,7 @@ def get_kind(name: str) -> Kind:
 
 
 __all__ = [
+    "ARTIFACT_REF_SCHEMA",
     "ENTRY_POINT_GROUP",
     "SECRET_REF_SCHEMA",
     "Drift",
@@ -151,6 +185,7 @@ __all__ = [
     "Observed",
     "PermanentError",
     "UnknownKind",
+    "content_ref",
     "get_kind",
     "registry",
     "string_or_secret",

@@ -1,14 +1,16 @@
-"""The ``file`` kind: a file on the server's disk, under ``GRAPHENE_FILE_ROOT``.
+"""The ``file`` kind: a file on the server's disk (under ``GRAPHENE_FILE_ROOT``) or on an
+agent's machine (``agent`` in the spec: an absolute path there).
 
-The marker is the extended attribute ``user.graphene.record`` holding the record id; on a
-file system without user xattrs, a sidecar ``.<name>.graphene-record`` next to the file.
-A file that exists without our marker (or with another record's) is never adopted or
-overwritten: that is a permanent error naming the path.
+What is done to the file is ``kinds._file_op.file_op``, one self-contained function: called
+here for the server's files, sent as a ``call`` command for an agent's (``kinds._on_agent``).
+It marks the file with its record id and never adopts, overwrites or removes a file that is
+not marked as this record's: that is a permanent error naming the path. A file on a machine
+that is gone for good is given up on after a deadline when it is deleted (an event says so).
 """
 
 from __future__ import annotations
 
-import errno
+import base64
 import hashlib
 import os
 from collections.abc import Iterable
@@ -18,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from kinds import Drift, Kind, Marked, Observed, PermanentError, string_or_secret
+from kinds import Drift, Kind, Marked, NotYet, Observed, PermanentError, content_ref
+from kinds._file_op import file_op
+from kinds._on_agent import OBSERVE_WAIT_SECONDS, Abandoned, abandon, agent_state, run_on_agent
 
 if TYPE_CHECKING:
     from apps.records.models import Record
 
-XATTR = "user.graphene.record"
 SIDECAR_SUFFIX = ".graphene-record"
 
 
@@ -42,103 +45,119 @@ def resolve(path: str) -> Path:
     return target
 
 
-def _sidecar(target: Path) -> Path:
-    return target.with_name(f".{target.name}{SIDECAR_SUFFIX}")
-
-
 def read_marker(target: Path) -> str | None:
-    try:
-        return os.getxattr(target, XATTR).decode()
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return None
-        if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-    try:
-        return _sidecar(target).read_text().strip() or None
-    except FileNotFoundError:
-        return None
-
-
-def write_marker(target: Path, record_id: str) -> None:
-    try:
-        os.setxattr(target, XATTR, record_id.encode())
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        _sidecar(target).write_text(record_id)
+    """The id of the record that owns the file at ``target`` (``None``: no Graphene marker)."""
+    found = file_op("marker", str(target))
+    return str(found["record"]) if found else None
 
 
 def digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _machine_path(record: Record) -> str:
+    """The file's path on its agent's machine: absolute, normalized, not a directory."""
+    path = str(record.spec["path"])
+    if not path.startswith("/"):
+        raise PermanentError(f"path {path!r} on an agent's machine must be absolute (e.g. /etc/app/app.conf)")
+    normal = os.path.normpath(path)
+    if normal == "/" or path.endswith("/"):
+        raise PermanentError(f"path {path!r} must name a file, not a directory")
+    return normal
+
+
 def _content(record: Record) -> bytes:
     """The file's bytes; a secret reference is read here, at the point of use, and never
     stored anywhere but in the file (I7): the record keeps the name, outputs only a digest."""
     content = record.spec["content"]
-    if isinstance(content, dict):
+    if isinstance(content, dict):  # {"$secret": name} or {"$artifact": id}
+        from apps.artifacts.services import content_resolve
         from apps.core.errors import GrapheneError
-        from apps.secrets.services import secret_refs_resolve
 
         try:
-            content = secret_refs_resolve(content, namespace=record.namespace)
-        except GrapheneError as exc:  # a missing secret: retrying cannot help until it exists
+            return content_resolve(content, namespace=record.namespace)
+        except GrapheneError as exc:  # a missing secret or artifact: retrying cannot help
             raise PermanentError(f"cannot read the file's content: {exc.detail}") from exc
     return str(content).encode()
 
 
+def _content_digest(record: Record) -> str:
+    """``digest(_content(record))``; an artifact's comes from its record, its blob is not read."""
+    content = record.spec["content"]
+    if isinstance(content, dict) and "$artifact" in content:
+        from apps.artifacts.services import content_digest
+        from apps.core.errors import GrapheneError
+
+        try:
+            return content_digest(content, namespace=record.namespace)
+        except GrapheneError as exc:
+            raise PermanentError(f"cannot read the file's content: {exc.detail}") from exc
+    return digest(_content(record))
+
+
 class FileKind(Kind):
     name = "file"
-    description = "A file on the Graphene server's disk, under GRAPHENE_FILE_ROOT, with the given content and mode."
+    description = (
+        "A file with the given content and mode: on the Graphene server's disk, under GRAPHENE_FILE_ROOT, "
+        "or on an agent's machine."
+    )
     drift_interval = timedelta(seconds=60)
     spec_schema = {
         "type": "object",
         "properties": {
-            "path": {"type": "string", "minLength": 1, "description": "path relative to the file root"},
-            "content": string_or_secret(
-                "UTF-8 text, or a secret reference {'$secret': name} read when the file is written"
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "description": "on the server: relative to the file root; on an agent's machine: absolute",
+            },
+            "content": content_ref(
+                "UTF-8 text, a secret reference {'$secret': name} or an artifact {'$artifact': id}, "
+                "read when the file is written"
             ),
             "mode": {"type": "integer", "minimum": 0, "maximum": 0o7777, "default": 0o644},
+            "agent": {
+                "type": "string",
+                "format": "uuid",
+                "description": "the agent record whose machine holds the file (absent: the server)",
+            },
         },
         "required": ["path", "content"],
         "additionalProperties": False,
     }
 
     def create(self, record: Record) -> dict[str, Any]:
-        target = resolve(record.spec["path"])
-        record_id = str(record.id)
         data = _content(record)
         mode = int(record.spec.get("mode", 0o644))
-        owner = read_marker(target) if target.exists() else None
-        if target.exists() and owner != record_id:
-            whose = f"record {owner}" if owner else "no Graphene record"
-            raise PermanentError(f"{target} already exists and belongs to {whose}; refusing to adopt it")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if owner is None:
-            # Create empty and mark first, then fill: a crash in between leaves a marked file
-            # that the retried create adopts, never an unmarked one.
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-            os.close(fd)
-            write_marker(target, record_id)
-        tmp = target.with_name(f".{target.name}.{record_id}.tmp")
-        tmp.write_bytes(data)
-        os.chmod(tmp, mode)
-        write_marker(tmp, record_id)
-        os.replace(tmp, target)
-        return {"path": str(target), "digest": digest(data), "size": len(data), "mode": mode}
-
-    def observe(self, record: Record) -> Observed | None:
+        agent_id = record.spec.get("agent")
+        if agent_id:
+            args = ["write", _machine_path(record), str(record.id), base64.b64encode(data).decode(), mode]
+            content = record.spec["content"]
+            secret = isinstance(content, dict) and "$secret" in content  # never stored in the clear (I7)
+            outputs = run_on_agent(record, agent_id, "write", file_op, args, sealed=secret)
+            return {**outputs, "agent": agent_id}
         target = resolve(record.spec["path"])
         try:
-            data = target.read_bytes()
-            mode = target.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            return None
-        return Observed({"path": str(target), "digest": digest(data), "size": len(data), "mode": mode})
+            outputs = file_op("write", str(target), str(record.id), base64.b64encode(data).decode(), mode)
+        except FileExistsError as exc:
+            raise PermanentError(str(exc)) from None
+        assert outputs is not None
+        return outputs
+
+    def observe(self, record: Record) -> Observed | None:
+        agent_id = record.spec.get("agent")
+        if agent_id:
+            _agent, state = agent_state(agent_id)
+            if state is None or state.session is None:
+                raise NotYet("the agent is not connected")  # its own record says so; look again later
+            found = run_on_agent(
+                record, agent_id, "observe", file_op, ["observe", _machine_path(record)], wait=OBSERVE_WAIT_SECONDS
+            )
+            return None if found is None else Observed({**found, "agent": agent_id})
+        found = file_op("observe", str(resolve(record.spec["path"])))
+        return None if found is None else Observed(found)
 
     def diff(self, record: Record, observed: Observed) -> list[Drift]:
-        want = digest(_content(record))
+        want = _content_digest(record)
         drifts = []
         if observed.outputs.get("digest") != want:
             drifts.append(Drift("content", want, observed.outputs.get("digest")))
@@ -148,20 +167,22 @@ class FileKind(Kind):
         return drifts
 
     def delete(self, record: Record) -> None:
+        agent_id = record.spec.get("agent")
+        if agent_id:
+            try:
+                path = _machine_path(record)
+            except PermanentError:
+                return  # an invalid path never produced a file
+            try:
+                run_on_agent(record, agent_id, "remove", file_op, ["remove", path, str(record.id)], deleting=True)
+            except Abandoned as exc:
+                abandon(record, exc, left=f"the file {path}")
+            return
         try:
             target = resolve(record.spec["path"])
         except PermanentError:
             return  # an invalid path never produced a file
-        self._remove(target, str(record.id))
-
-    def _remove(self, target: Path, record_id: str) -> None:
-        if not target.exists():
-            _sidecar(target).unlink(missing_ok=True)
-            return
-        if read_marker(target) != record_id:
-            return  # not ours (any more): never delete someone else's file
-        target.unlink(missing_ok=True)
-        _sidecar(target).unlink(missing_ok=True)
+        file_op("remove", str(target), str(record.id))
 
     def sweep(self) -> Iterable[Marked]:
         base = root()
@@ -177,7 +198,6 @@ class FileKind(Kind):
                     yield Marked(external_id=str(path), record_id=marker)
 
     def delete_external(self, external_id: str) -> None:
-        target = Path(external_id)
-        marker = read_marker(target)
+        marker = read_marker(Path(external_id))
         if marker:
-            self._remove(target, marker)
+            file_op("remove", external_id, marker)

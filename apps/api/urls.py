@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from apps.agents.api.views import AgentViewSet
 from apps.api.views import WhoAmI
+from apps.artifacts.api.views import ArtifactViewSet
 from apps.pipelines.api.stands import StandViewSet
 from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
@@ -19,5 +20,6 @@ router.register("runs", RunViewSet, basename="run")
 router.register("stands", StandViewSet, basename="stand")
 router.register("agents", AgentViewSet, basename="agent")
 router.register("secrets", SecretViewSet, basename="secret")
+router.register("artifacts", ArtifactViewSet, basename="artifact")
 
 urlpatterns = [path("whoami/", WhoAmI.as_view(), name="whoami"), *router.urls]

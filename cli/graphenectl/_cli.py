@@ -7,6 +7,8 @@ from typing import Annotated
 import typer
 
 from graphenectl import __version__
+from graphenectl._cmd_agent import agent_app
+from graphenectl._cmd_artifact import artifact_app
 from graphenectl._cmd_auth import ctx_app, login, whoami
 from graphenectl._cmd_observe import metrics, trace
 from graphenectl._cmd_read import describe, events, get, logs, tree
@@ -20,7 +22,8 @@ HELP = """Operate Graphene from the shell: records, runs, pipelines and stands.
 Log in once with `graphenectl login --server URL --token-stdin`, then look with `get`, `describe`, \
 `tree`, `events`, `logs`, `metrics` and `trace`; change records with `apply`, `delete`, `transfer`, \
 `extend` and `release`; \
-drive runs with `run start|watch|result|cancel|resume|list`.
+drive runs with `run start|watch|result|cancel|resume|list`; move files with `artifact get|put`; \
+open a terminal on a machine with `agent shell`.
 
 Data goes to stdout (-o table|wide|json|yaml|name); progress and hints go to stderr.
 
@@ -65,6 +68,7 @@ SESSION = "Session"
 LOOK = "Look"
 CHANGE = "Change records"
 RUNS = "Runs and stands"
+MACHINES = "Machines"
 
 app.command(rich_help_panel=SESSION)(login)
 app.command(rich_help_panel=SESSION)(whoami)
@@ -83,3 +87,5 @@ app.command(rich_help_panel=CHANGE)(extend)
 app.command(rich_help_panel=CHANGE)(release)
 app.add_typer(run_app, rich_help_panel=RUNS)
 app.add_typer(stand_app, rich_help_panel=RUNS)
+app.add_typer(artifact_app, rich_help_panel=RUNS)
+app.add_typer(agent_app, rich_help_panel=MACHINES)

@@ -136,6 +136,34 @@ class Client:
         except (urllib.error.URLError, OSError) as exc:
             raise self._unreachable(exc) from None
 
+    def open_raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        data: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """The raw HTTP response (a file-like object to read in chunks; close it), for bytes
+        that must not be held in memory: artifact downloads and uploads (``data`` may be a
+        file object, sent as it is read). Errors map as for ``request``."""
+        url = self.url(path, params)
+        all_headers = {
+            "Accept": "*/*",
+            "Authorization": f"Token {self.token}",
+            "User-Agent": f"graphenectl/{__version__}",
+            **(headers or {}),
+        }
+        req = urllib.request.Request(url, data=data, method=method, headers=all_headers)  # noqa: S310 - http(s) only
+        try:
+            return self._opener.open(req, timeout=timeout or self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise self._http_error(exc.code, exc.read(), url) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise self._unreachable(exc) from None
+
     def get(self, path: str, params: Params | None = None, *, timeout: float | None = None) -> Any:
         return self.request("GET", path, params=params, timeout=timeout).body
 

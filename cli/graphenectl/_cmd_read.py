@@ -134,10 +134,12 @@ def _listing(
     record_filters = bool(kind or phases or owner or name_prefix or include_deleted)
     if record_filters and (res.name != "record" or ident):
         raise UsageError("--kind, --phase, --owner, --name-prefix and --include-deleted filter records")
-    if labels and (res.name not in ("record", "agent") or ident):
-        raise UsageError("-l/--label filters records and agents")
-    if (pipeline or statuses) and (res.name != "run" or ident):
-        raise UsageError("--pipeline and --status filter runs")
+    if labels and (res.name not in ("record", "agent", "artifact") or ident):
+        raise UsageError("-l/--label filters records, agents and artifacts")
+    if statuses and (res.name != "run" or ident):
+        raise UsageError("--status filters runs")
+    if pipeline and (res.name not in ("run", "artifact") or ident):
+        raise UsageError("--pipeline filters runs and artifacts")
     for label in labels:
         for part in label.split(","):
             if part and "=" not in part:
@@ -184,6 +186,8 @@ def _listing(
             params = {"pipeline": pipeline, "status": ",".join(s for st in statuses for s in st.split(",") if s)}
         elif res.name == "agent":
             params = {"label": labels}
+        elif res.name == "artifact":
+            params = {"label": labels, "pipeline": pipeline}
         items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
         if more and not quiet:
             info(f"showing the newest {len(items)} {res.plural}; more exist (--limit N shows more)")
@@ -226,7 +230,7 @@ def get(
         str,
         typer.Argument(
             metavar="TYPE",
-            help="records | runs | pipelines | stands | agents | kinds | orphans",
+            help="records | runs | pipelines | stands | agents | kinds | orphans | artifacts",
             autocompletion=complete_resource,
             show_default=False,
         ),
@@ -250,14 +254,14 @@ def get(
     include_deleted: Annotated[
         bool, typer.Option("--include-deleted", help="also list deleted records (tombstones)")
     ] = False,
-    pipeline: Annotated[str | None, typer.Option("--pipeline", help="runs of this pipeline")] = None,
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="runs (or artifacts) of this pipeline")] = None,
     status: Annotated[list[str] | None, typer.Option("--status", help="runs in these statuses (a,b)")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = DEFAULT_LIMIT,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling and show changes until Ctrl-C")] = False,
     interval: IntervalOpt = 2.0,
     output: OutputOpt = Format.table,
 ) -> None:
-    """List records, runs, pipelines, stands, agents, kinds or orphans, or show one by ID.
+    """List records, runs, pipelines, stands, agents, kinds, orphans or artifacts, or show one by ID.
 
     Examples:
 
@@ -268,6 +272,8 @@ def get(
       graphenectl get runs --pipeline hello --status failed -o json
 
       graphenectl get stands hello          (what the stand of 'hello' holds)
+
+      graphenectl get artifacts --pipeline build -o wide
 
       graphenectl get records -w            (live; Ctrl-C stops)
     """
@@ -473,6 +479,14 @@ def _describe_agent(a: dict[str, Any]) -> None:
     )
     _block("Labels", a.get("labels"))
     _block("Facts", a.get("facts"))
+    _block(
+        "Capabilities",
+        {
+            c["name"]: " ".join([c.get("version") or "", *(f"{k}={v}" for k, v in sorted(c["labels"].items()))]).strip()
+            or "-"
+            for c in a.get("capabilities") or []
+        },
+    )
     _block("Conditions", a.get("conditions"))
     info(f"its commands' output: graphenectl logs {a['id']} -f")
 

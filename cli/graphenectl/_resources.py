@@ -102,6 +102,35 @@ AGENT_COLUMNS = [
     Column("VERSION", lambda a: a.get("version") or "-", wide=True),
     Column("PEER", lambda a: a.get("peer") or "-", wide=True),
     Column("LABELS", _labels, wide=True),
+    Column("CAPABILITIES", lambda a: ",".join(c["name"] for c in a.get("capabilities") or []) or "-", wide=True),
+]
+
+
+def human_size(size: Any) -> str:
+    """1536 → ``1.5 KiB``; bytes below 1 KiB as they are."""
+    if not isinstance(size, int):
+        return "-"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+ARTIFACT_COLUMNS = [
+    Column("ID", lambda a: a["id"]),
+    Column("NAME", lambda a: a["name"]),
+    Column("SIZE", lambda a: human_size(a.get("size"))),
+    Column("PHASE", lambda a: a["phase"], styled=True),
+    Column("PIPELINE", lambda a: a.get("pipeline") or "-"),
+    Column("TTL", lambda a: ttl(a.get("expires_at"))),
+    Column("AGE", lambda a: age(a.get("created_at"))),
+    Column("SHA256", lambda a: a.get("sha256"), wide=True),
+    Column("TYPE", lambda a: a.get("content_type"), wide=True),
+    Column("RUN", lambda a: a.get("created_by_run") or "-", wide=True),
+    Column("OWNER", lambda a: a.get("owner"), wide=True),
+    Column("LABELS", _labels, wide=True),
 ]
 
 KIND_COLUMNS = [
@@ -159,6 +188,7 @@ RESOURCES = {
         Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False),
         Resource("agent", "agents", ("ag",), "agents", AGENT_COLUMNS, "id", True),
         Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),
+        Resource("artifact", "artifacts", ("art", "arts"), "artifacts", ARTIFACT_COLUMNS, "id", True),
         Resource("orphan", "orphans", (), "orphans", EVENT_COLUMNS, "id", True),
     ]
 }

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "apps.observability",
     "apps.agents",
     "apps.secrets",
+    "apps.artifacts",
     "apps.api",
 ]
 
@@ -297,6 +298,10 @@ GRAPHENE_AGENT_HEARTBEAT_SECONDS = env.integer("GRAPHENE_AGENT_HEARTBEAT_SECONDS
 # A disconnected agent's record turns drifted (and its in-flight at-most-once commands
 # unknown) after this long without a reconnect.
 GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS = env.integer("GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS", 60)
+# Deleting a record on an agent's machine waits this long for an agent that is away (from
+# the deletion request or the disconnect, whichever is later), then gives the object up with
+# an event: a machine that is gone for good never keeps a deletion from finishing.
+GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS = env.integer("GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS", 900)
 # Where build_agent writes the zipapp served at /agents/download.
 GRAPHENE_AGENT_PYZ = Path(env.string("GRAPHENE_AGENT_PYZ", str(DATA_DIR / "agent" / "graphene-agent.pyz")) or "")
 # ctx.agent_via_ssh: timeout of the TCP connect, banner and authentication; attempts at an
@@ -311,6 +316,16 @@ GRAPHENE_AGENT_SSH_CONNECT_TIMEOUT_SECONDS = env.integer("GRAPHENE_AGENT_SSH_CON
 # encrypts, all decrypt: rotate by prepending). Required in production. Without it, the key is
 # derived from SECRET_KEY, and changing SECRET_KEY makes the stored secrets unreadable.
 GRAPHENE_SECRETS_KEY = env.csv("GRAPHENE_SECRETS_KEY", [])
+
+# --- Artifacts (apps.artifacts) ---------------------------------------------------------------
+# The blob store: content-addressed files (sha256) beside the database, shared by every process
+# that serves or executes runs (in production: a shared volume mounted on web and workers).
+GRAPHENE_ARTIFACT_ROOT = Path(env.string("GRAPHENE_ARTIFACT_ROOT", str(DATA_DIR / "artifacts")) or "")
+# The largest artifact accepted (an upload, ctx.publish_artifact), in bytes; default 1 GiB.
+GRAPHENE_ARTIFACT_MAX_BYTES = env.integer("GRAPHENE_ARTIFACT_MAX_BYTES", 1024**3)
+# The orphan sweeper leaves blobs and partial uploads younger than this alone: a publish writes
+# its blob before its record commits.
+GRAPHENE_ARTIFACT_SWEEP_GRACE_SECONDS = env.integer("GRAPHENE_ARTIFACT_SWEEP_GRACE_SECONDS", 3600)
 
 # --- Docker kinds (kinds/docker) -------------------------------------------------------------
 # The dockerd the docker.* kinds talk to: GRAPHENE_DOCKER_HOST, else the standard DOCKER_HOST

@@ -3,8 +3,20 @@
 The names exported here are the SDK's contract (a test pins ``__all__``).
 """
 
+from graphene_sdk._artifacts import ArtifactRef
 from graphene_sdk._client import Client, RunHandle, RunInfo
-from graphene_sdk._context import Agent, Attached, Context, ExecResult, Guarantee, Resource
+from graphene_sdk._context import (
+    Agent,
+    Attached,
+    AttachedAgent,
+    Context,
+    ExecResult,
+    Guarantee,
+    Need,
+    PutFileResult,
+    Resource,
+    need,
+)
 from graphene_sdk._errors import (
     ChildRunFailed,
     ClientError,
@@ -12,6 +24,7 @@ from graphene_sdk._errors import (
     GrapheneError,
     NonDeterminismError,
     OutcomeUnknown,
+    RemoteError,
     ResourceFailed,
     RunCancelled,
     StepFailed,
@@ -22,7 +35,9 @@ from graphene_sdk._secrets import SecretRef
 
 __all__ = [
     "Agent",
+    "ArtifactRef",
     "Attached",
+    "AttachedAgent",
     "ChildRunFailed",
     "Client",
     "ClientError",
@@ -31,9 +46,12 @@ __all__ = [
     "ExecResult",
     "GrapheneError",
     "Guarantee",
+    "Need",
     "NonDeterminismError",
     "OutcomeUnknown",
     "Pipeline",
+    "PutFileResult",
+    "RemoteError",
     "Resource",
     "ResourceFailed",
     "RunCancelled",
@@ -42,6 +60,7 @@ __all__ = [
     "SecretRef",
     "StepFailed",
     "StepTimeout",
+    "need",
     "pipeline",
     "registered",
 ]

@@ -31,6 +31,31 @@ class StepTimeout(StepFailed):
     """A step ran longer than its ``timeout``."""
 
 
+class RemoteError(GrapheneError):
+    """A function run on an agent's machine (``Agent.run``) raised there; replay raises it again.
+
+    ``remote_type`` is the exception's type name on the machine (``"FileNotFoundError"``),
+    ``remote_message`` its message and ``remote_traceback`` the traceback printed there.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        function: str,
+        remote_type: str,
+        remote_message: str,
+        remote_traceback: str = "",
+        record_id: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.function = function
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        self.record_id = record_id
+
+
 class OutcomeUnknown(GrapheneError):
     """An at-most-once step was interrupted (crash or cancel): it may or may not have acted.
 

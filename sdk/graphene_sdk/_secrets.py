@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from graphene_sdk._artifacts import ArtifactRef
+
 # Letters, digits, '.', '_' and '-', starting and ending with a letter or digit, 1-128 long.
 SECRET_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 SECRET_NAME_RULE = "1-128 letters, digits, '.', '_' or '-', starting and ending with a letter or digit"  # noqa: S105 - a rule, not a password
@@ -44,8 +46,9 @@ class SecretRef:
 
 
 def encode_secret_refs(value: Any) -> Any:
-    """``value`` with every ``SecretRef`` (in dicts, lists and tuples) replaced by its JSON form."""
-    if isinstance(value, SecretRef):
+    """``value`` with every ``SecretRef`` and ``ArtifactRef`` (in dicts, lists and tuples)
+    replaced by its JSON form (``{"$secret": name}``, ``{"$artifact": id}``)."""
+    if isinstance(value, SecretRef | ArtifactRef):
         return value.to_json()
     if isinstance(value, Mapping):
         return {key: encode_secret_refs(item) for key, item in value.items()}

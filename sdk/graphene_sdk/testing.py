@@ -19,6 +19,10 @@ is deleted, children first; ``ctx.to_stand`` gives a subtree to the pipeline's s
 optional TTL, and a TTL running out deletes that subtree. Kinds are simulated generically
 (``World.kind``, ``World.on_create``); steps run directly; ``ctx.sleep``, step retries and
 slow kinds move the virtual clock instead of waiting. No server, database or network.
+Agents' machines are simulated too: ``exec`` answers through ``World.on_exec``,
+``put_file``/``get_file`` use an in-memory file system per agent (``world.files``), and
+``agent.run`` runs the function's source in this process as the machine would
+(``World.on_call`` replaces that).
 
 What is *not* simulated: crashes and replay (so ``at_most_once`` never yields
 ``OutcomeUnknown``), drift, failing deletions, cancellation and the concurrency policies
@@ -28,21 +32,27 @@ children one after another, which honours any ``concurrency`` limit).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import linecache
+import mimetypes
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Generic, Literal
 
 from pydantic import BaseModel
 
+from graphene_sdk._artifacts import ArtifactRef
 from graphene_sdk._context import Attached, Context, Guarantee, Resource
-from graphene_sdk._errors import ChildRunFailed, ResourceFailed, StepFailed, StepTimeout
+from graphene_sdk._errors import ChildRunFailed, RemoteError, ResourceFailed, StepFailed, StepTimeout
 from graphene_sdk._pipeline import InputT, OutputT, Pipeline
+from graphene_sdk._remote import MAX_CALL_RESULT_BYTES, RemoteCall
 
 __all__ = ["LogLine", "Phase", "Record", "RunResult", "RunStatus", "World"]
 
@@ -191,6 +201,22 @@ def _delta(value: timedelta | None, days: float, hours: float, minutes: float, s
 
 
 ExecFn = Callable[[str, list[str]], tuple[int, str, str]]
+# ``handler(agent_name, function_name, args, kwargs) -> value`` (see ``World.on_call``).
+CallFn = Callable[[str, str, list[Any], dict[str, Any]], Any]
+
+
+def run_source(call: RemoteCall) -> Any:
+    """What the machine does with an ``Agent.run`` call, in this process: the function's source
+    alone, compiled with postponed annotations in a fresh module namespace, called with the
+    JSON arguments. So a function that leans on its module fails here as it would there."""
+    import __future__
+
+    namespace: dict[str, Any] = {"__name__": "graphene_call", "__builtins__": __builtins__}
+    filename = f"<agent.run {call.name}>"
+    linecache.cache[filename] = (len(call.source), None, call.source.splitlines(True), filename)
+    code = compile(call.source, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    exec(code, namespace)  # noqa: S102 - the pipeline's own function, as the agent would run it
+    return namespace[call.name](*call.args, **call.kwargs)
 
 
 class World:
@@ -216,9 +242,19 @@ class World:
         self._deletions: list[Record] = []
         self._exec: ExecFn = lambda agent, argv: (0, "", "")
         self.commands: list[tuple[str, list[str]]] = []
+        # What ``agent.put_file`` wrote, per agent name and path (``agent.get_file`` reads it).
+        self.files: dict[str, dict[str, bytes]] = {}
+        # ``agent.run`` calls as (agent name, function name, args, kwargs), JSON as sent.
+        self.calls: list[tuple[str, str, list[Any], dict[str, Any]]] = []
+        self._call: CallFn | None = None
         # ``ctx.agent_via_ssh`` calls as (agent name, target): host, port, user, the key's
         # secret name and the pinned host key. Nothing is installed in the world.
         self.ssh_installs: list[tuple[str, dict[str, Any]]] = []
+        # The blob store: artifacts' bytes by sha256 (``ctx.publish_artifact``, ``put_artifact``).
+        self.blobs: dict[str, bytes] = {}
+        # What agents' machines offer, per agent record id: capability name -> (version, labels)
+        # (``ctx.publish_capability``, ``World.add_agent``; matched by ``need(...)``).
+        self.capabilities: dict[str, dict[str, tuple[str, dict[str, str]]]] = {}
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -228,6 +264,60 @@ class World:
         Every command is also recorded in ``world.commands`` as ``(agent_name, argv)``.
         """
         self._exec = handler
+
+    def add_agent(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        capabilities: Mapping[str, tuple[str, Mapping[str, str]]] | None = None,
+    ) -> Record:
+        """A machine that exists before any run (for ``ctx.attach_agent``/``ctx.select_agents``):
+        a ready agent record held by the stand ``stand:machines``. ``capabilities`` maps a
+        capability name to ``(version, labels)``, as ``ctx.publish_capability`` would publish it."""
+        if not name:
+            raise ValueError("an agent needs a name")
+        record = Record(
+            id=self._new_id(),
+            kind="agent",
+            name=name,
+            spec={},
+            labels=dict(labels or {}),
+            owner="stand:machines",
+            declared_by="",
+            created_at=self._now,
+            settles_at=self._now,
+            phase="ready",
+        )
+        record.outputs = {"id": record.id, "kind": "agent", "name": name}
+        record.position = next(self._positions)
+        self._records[record.id] = record
+        self.capabilities[record.id] = {k: (v, dict(ls)) for k, (v, ls) in (capabilities or {}).items()}
+        return record
+
+    def _unmet(self, record: Record, needs: list[dict[str, Any]]) -> list[str]:
+        """The needs (JSON, as ``need(...).to_json()``) that ``record``'s capabilities do not meet."""
+        offered = self.capabilities.get(record.id, {})
+        unmet = []
+        for item in needs:
+            found = offered.get(item["name"])
+            values = {**found[1], "version": found[0]} if found is not None else {}
+            ok = found is not None and all(values.get(k) == v for k, v in item["where_label"].items())
+            ok = ok and all(values.get(k) in allowed for k, allowed in item["where_in"].items())
+            if not ok:
+                unmet.append(item["name"] if found is None else f"{item['name']} (it publishes {values})")
+        return unmet
+
+    def on_call(self, handler: CallFn) -> None:
+        """How agents answer ``agent.run``: ``handler(agent_name, function_name, args, kwargs) -> value``.
+
+        An exception the handler raises is what the function raised on the machine: the run
+        sees ``RemoteError`` with its type and message. Without a handler the function's source
+        runs here, in this process, as the machine would run it (a fresh namespace: it must
+        import what it needs in its body); it sees this machine's files, not ``world.files``.
+        Every call is recorded in ``world.calls``.
+        """
+        self._call = handler
 
     def kind(
         self,
@@ -619,6 +709,49 @@ class World:
         below = [r for child in self._owned_by(f"record:{top.id}") for r in self.subtree(child)]
         return [top, *below]
 
+    # --- artifacts ---------------------------------------------------------------------------
+
+    def put_artifact(
+        self,
+        pipeline: Pipeline[Any, Any] | str,
+        name: str,
+        data: bytes | str,
+        *,
+        content_type: str = "application/octet-stream",
+        keep_for: timedelta | None = None,
+    ) -> Record:
+        """An artifact on ``pipeline``'s stand, as an upload would put it there (for a pipeline
+        under test that attaches an artifact another pipeline published)."""
+        stand = f"stand:{pipeline if isinstance(pipeline, str) else pipeline.name}"
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        sha256 = hashlib.sha256(raw).hexdigest()
+        if self._clash(stand, "artifact", name) is not None:
+            raise ValueError(f"{stand} already holds an artifact named {name!r}")
+        self.blobs[sha256] = raw
+        record = Record(
+            id=self._new_id(),
+            kind="artifact",
+            name=name,
+            spec={"name": name, "sha256": sha256, "size": len(raw), "content_type": content_type},
+            labels={},
+            owner=stand,
+            declared_by="",
+            created_at=self._now,
+            settles_at=self._now,
+            expires_at=self._now + keep_for if keep_for else None,
+        )
+        record.position = next(self._positions)
+        self._records[record.id] = record
+        self._start_converging(record, "pending")
+        return record
+
+    def artifact_bytes(self, artifact: HandleLike | ArtifactRef) -> bytes:
+        """The bytes of an artifact (its record, handle, id or ``ArtifactRef``), deleted ones too."""
+        record = self.get(artifact.id if isinstance(artifact, ArtifactRef) else artifact)
+        if record.kind != "artifact":
+            raise LookupError(f"{record.label} is not an artifact")
+        return self.blobs[str(record.spec["sha256"])]
+
     # --- acting as an operator (what the API, CLI or Studio would do) -------------------------
 
     def extend(
@@ -839,6 +972,108 @@ class _Runtime:
         exit_code, stdout, stderr = self._world._exec(record.name, list(argv))
         return {"exit_code": exit_code, "stdout_tail": stdout, "stderr_tail": stderr}
 
+    def attach_agent(self, name_or_id: str, needs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._check()
+        live = [r for r in self._world._records.values() if r.kind == "agent" and r.alive]
+        found = [r for r in live if name_or_id in (r.id, r.name)]
+        if not found:
+            raise ResourceFailed(f"cannot attach agent {name_or_id}: no live agent has that name or id")
+        if len(found) > 1:
+            raise ResourceFailed(f"cannot attach agent {name_or_id}: {len(found)} agents have that name; pass the id")
+        unmet = self._world._unmet(found[0], needs)
+        if unmet:
+            raise ResourceFailed(f"cannot attach agent {name_or_id}: it does not meet the needs {unmet}")
+        return {"record_id": found[0].id, "name": found[0].name}
+
+    def select_agents(self, labels: Mapping[str, str], needs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self._check()
+        chosen = [
+            r
+            for r in self._world._records.values()
+            if r.kind == "agent"
+            and r.alive
+            and all(r.labels.get(k) == v for k, v in labels.items())
+            and not self._world._unmet(r, needs)
+        ]
+        return [{"record_id": r.id, "name": r.name} for r in sorted(chosen, key=lambda r: (r.name, r.id))]
+
+    def publish_capability(
+        self, record_id: str, label: str, name: str, version: str, labels: Mapping[str, str]
+    ) -> None:
+        self._check()
+        record = self._agent(record_id, label)
+        self._world.capabilities.setdefault(record.id, {})[name] = (version, dict(labels))
+
+    def _agent(self, record_id: str, label: str) -> Record:
+        record = self._record(record_id, label, "act on")
+        if not record.alive:
+            raise ResourceFailed(f"cannot act on {label}: it is deleted", record_id=record_id)
+        return record
+
+    def agent_put_file(self, record_id: str, label: str, path: str, data: bytes, mode: int) -> dict[str, Any]:
+        self._check()
+        record = self._agent(record_id, label)
+        self._world.files.setdefault(record.name, {})[path] = bytes(data)
+        return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def agent_get_file(self, record_id: str, label: str, path: str, max_bytes: int) -> bytes:
+        self._check()
+        record = self._agent(record_id, label)
+        data = self._world.files.get(record.name, {}).get(path)
+        if data is None:
+            raise ResourceFailed(
+                f"get_file {path} on {label} failed: cannot read {path}: No such file or directory "
+                "(the world's machines hold only what put_file wrote)",
+                record_id=record_id,
+            )
+        if len(data) > max_bytes:
+            raise ResourceFailed(
+                f"get_file {path} on {label} failed: {path} is {len(data)} bytes; get_file returns at most {max_bytes}",
+                record_id=record_id,
+            )
+        return data
+
+    def agent_call(
+        self, record_id: str, label: str, call: RemoteCall, timeout: float | None, guarantee: Guarantee
+    ) -> Any:
+        # ``timeout`` is not simulated (the function runs to its end), nor is ``guarantee``.
+        self._check()
+        record = self._agent(record_id, label)
+        self._world.calls.append((record.name, call.name, list(call.args), dict(call.kwargs)))
+        handler = self._world._call
+        try:
+            value = handler(record.name, call.name, call.args, call.kwargs) if handler else run_source(call)
+        except Exception as exc:
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # the world's own frames
+                tb = tb.tb_next
+            remote_traceback = "".join(traceback.format_exception(type(exc), exc, tb))
+            raise self._remote_error(record_id, label, call, type(exc).__name__, str(exc), remote_traceback) from exc
+        try:
+            encoded = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            message = f"the result of {call.name}() is not JSON-serializable: {exc}"
+            raise self._remote_error(record_id, label, call, "TypeError", message, "") from None
+        if len(encoded.encode()) > MAX_CALL_RESULT_BYTES:
+            message = (
+                f"the result is {len(encoded.encode())} bytes of JSON; a call returns at most {MAX_CALL_RESULT_BYTES}"
+            )
+            raise self._remote_error(record_id, label, call, "ValueError", message, "")
+        return json.loads(encoded)
+
+    @staticmethod
+    def _remote_error(
+        record_id: str, label: str, call: RemoteCall, kind: str, message: str, remote_traceback: str
+    ) -> RemoteError:
+        return RemoteError(
+            f"{call.name}() on {label} raised {kind}: {message}",
+            function=call.name,
+            remote_type=kind,
+            remote_message=message,
+            remote_traceback=remote_traceback,
+            record_id=record_id,
+        )
+
     def run_children(
         self, pipeline: Pipeline[Any, Any], inputs: Sequence[dict[str, Any]], concurrency: int
     ) -> list[Any]:
@@ -906,3 +1141,60 @@ class _Runtime:
         if self._run.status != "running":
             raise RuntimeError(f"run {self.run_id} has ended ({self._run.status}); its Context cannot be used")
         self._run.logs.append(LogLine(at=self._world.now, level=level, message=message))
+
+    # Artifacts: as in the engine, a published artifact is handed to the stand at once, its
+    # record named ``<name>@run-<n>`` (n: the run's number among its pipeline's runs).
+    def publish_artifact(
+        self, name: str, data: bytes | Path, content_type: str | None, keep_for: float | None, labels: Mapping[str, str]
+    ) -> dict[str, Any]:
+        self._check()
+        world = self._world
+        raw = data if isinstance(data, bytes) else Path(data).read_bytes()
+        sha256 = hashlib.sha256(raw).hexdigest()
+        spec = {
+            "name": name,
+            "sha256": sha256,
+            "size": len(raw),
+            "content_type": content_type or mimetypes.guess_type(name)[0] or "application/octet-stream",
+        }
+        number = [r.run_id for r in world._runs.values() if r.pipeline == self._pipeline.name].index(self.run_id) + 1
+        stand, record_name = f"stand:{self._pipeline.name}", f"{name}@run-{number}"
+        expires_at = world.now + timedelta(seconds=keep_for) if keep_for else None
+        record = world._clash(stand, "artifact", record_name)
+        if record is not None:
+            if record.spec["sha256"] != sha256:
+                raise ResourceFailed(
+                    f"cannot publish artifact {name!r}: artifact {name!r} of this run already exists with other content"
+                )
+            if record.expires_at is not None and (expires_at is None or expires_at > record.expires_at):
+                record.expires_at = expires_at
+        else:
+            record = world._records[world._declare(self._run, "artifact", record_name, spec, labels, None, ())]
+            world._move(record, stand, expires_at=expires_at)
+        world.blobs[sha256] = raw
+        return {"id": record.id, **record.spec}
+
+    def attach_artifact(self, name_or_id: str, pipeline: str | None) -> dict[str, Any]:
+        self._check()
+        world = self._world
+        stand = f"stand:{pipeline or self._pipeline.name}"
+        found = [
+            r
+            for r in world._records.values()
+            if r.kind == "artifact"
+            and r.alive
+            and (r.id == name_or_id or (r.spec.get("name") == name_or_id and world._root(r) == stand))
+        ]
+        if not found:
+            raise ResourceFailed(
+                f"cannot attach artifact {name_or_id!r} on the {stand}: "
+                "none is live (never published, deleted or expired)"
+            )
+        record = found[-1]  # the newest (records are kept in creation order)
+        return {"id": record.id, **record.spec}
+
+    def read_artifact(self, artifact_id: str) -> bytes:
+        record = self._world._records.get(artifact_id)
+        if record is None or record.kind != "artifact" or not record.alive:
+            raise ResourceFailed(f"cannot read artifact {artifact_id}: it does not exist or was deleted")
+        return self._world.blobs[str(record.spec["sha256"])]
