@@ -25,7 +25,9 @@ if os.environ.get("GRAPHENE_CHANNEL_LAYER_URL"):
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [os.environ["GRAPHENE_CHANNEL_LAYER_URL"]]},
+            # socket_timeout as in settings/base.py: an idle consumer (an agent's connection
+            # between commands) waits 5 s in BZPOPMIN, redis-py >= 8 times reads out at 5 s.
+            "CONFIG": {"hosts": [{"address": os.environ["GRAPHENE_CHANNEL_LAYER_URL"], "socket_timeout": 30}]},
         }
     }
 

@@ -76,9 +76,10 @@ def test_metrics_count_records_by_kind_and_phase(token: Token) -> None:
     assert types["graphene_deletion_seconds"] == "histogram"
     assert types["graphene_run_duration_seconds"] == "histogram"
     assert types["graphene_drift_detected"] == "counter"
-    # Drift arrives with issue 7: until then its counters are exported at zero for every kind.
+    # Drift counters are exported for every kind, at zero until something drifts (other tests
+    # in this process may have healed files: only a kind that never drifts is surely at zero).
     assert sample_value(after, "graphene_drift_detected", "graphene_drift_detected_total", kind="test.sleep") == 0
-    assert sample_value(after, "graphene_drift_healed", "graphene_drift_healed_total", kind="file") == 0
+    assert sample_value(after, "graphene_drift_healed", "graphene_drift_healed_total", kind="file") is not None
     # The test settings use Redis as the broker: its queue depth is read with LLEN.
     assert sample_value(after, "graphene_broker_up", "graphene_broker_up") == 1
     assert "graphene_queue_depth" in after

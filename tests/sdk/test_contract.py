@@ -20,7 +20,9 @@ from tests.conftest import REPO
 def test_exported_names_are_pinned() -> None:
     assert sorted(graphene_sdk.__all__) == [
         "Agent",
+        "ArtifactRef",
         "Attached",
+        "AttachedAgent",
         "ChildRunFailed",
         "Client",
         "ClientError",
@@ -29,9 +31,12 @@ def test_exported_names_are_pinned() -> None:
         "ExecResult",
         "GrapheneError",
         "Guarantee",
+        "Need",
         "NonDeterminismError",
         "OutcomeUnknown",
         "Pipeline",
+        "PutFileResult",
+        "RemoteError",
         "Resource",
         "ResourceFailed",
         "RunCancelled",
@@ -40,10 +45,18 @@ def test_exported_names_are_pinned() -> None:
         "SecretRef",
         "StepFailed",
         "StepTimeout",
+        "need",
         "pipeline",
         "registered",
     ]
-    for error in ("ResourceFailed", "StepFailed", "OutcomeUnknown", "NonDeterminismError", "ClientError"):
+    for error in (
+        "ResourceFailed",
+        "StepFailed",
+        "OutcomeUnknown",
+        "NonDeterminismError",
+        "ClientError",
+        "RemoteError",
+    ):
         assert issubclass(getattr(graphene_sdk, error), graphene_sdk.GrapheneError)
 
 

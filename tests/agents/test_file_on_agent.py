@@ -1,0 +1,177 @@
+"""Files on an agent's machine: written, observed, healed and removed through the agent, and
+given up on (with an event) when the machine is gone for good (real agent, web, worker)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.agents.models import Agent, AgentCommand
+from apps.records import services as records
+from apps.records.choices import Phase
+from apps.records.models import Event, Record
+from tests.agents.conftest import AgentProcess, wait_phase
+from tests.conftest import Worker, wait_for
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+DEADLINE_SECONDS = 4
+
+
+@pytest.fixture
+def worker(start_worker: Callable[..., Worker], monkeypatch: Any) -> Worker:
+    monkeypatch.setenv("GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS", str(DEADLINE_SECONDS))
+    return start_worker()
+
+
+def declare_file(agent: Record, path: Path, content: str, mode: int = 0o640) -> Record:
+    return records.record_declare(
+        kind="file",
+        name=path.name,
+        owner=agent,
+        spec={"path": str(path), "content": content, "mode": mode, "agent": str(agent.pk)},
+    )
+
+
+def reasons(record: Record) -> list[str]:
+    events = Event.objects.filter(record=record).order_by("created_at", "id")
+    return [f"{e.reason}: {e.message}" if e.reason == "DeletionAbandoned" else e.reason for e in events]
+
+
+def test_a_file_on_an_agents_machine_is_written_healed_and_removed(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path
+) -> None:
+    agent, _process = agents("files")
+    wait_phase(agent, Phase.READY)
+    path = tmp_path / "machine" / "etc" / "app.conf"
+    record = declare_file(agent, path, "port=80\n")
+
+    ready = wait_phase(record, Phase.READY)
+    assert path.read_text() == "port=80\n"
+    assert path.stat().st_mode & 0o7777 == 0o640
+    assert ready.outputs["path"] == str(path)
+    assert ready.outputs["agent"] == str(agent.pk)
+    assert ready.outputs["digest"].startswith("sha256:")
+    assert ready.outputs["size"] == 8
+    writes = AgentCommand.objects.filter(agent=agent, kind="call", waiting_record_id=record.pk)
+    assert writes.count() == 1
+    assert writes.get().consumed_at is not None
+
+    # Changed behind Graphene's back: the observation (through the agent) finds it, heals it.
+    path.write_text("port=8080\n")
+    counts = records.records_observe(record_ids=[record.pk])
+    assert counts["healing"] == 1, counts
+    wait_for(lambda: Record.objects.get(pk=record.pk).heals == 1, timeout=30, what="the heal")
+    assert wait_phase(record, Phase.READY).heals == 1
+    assert path.read_text() == "port=80\n"
+    drift = Event.objects.get(record=record, type="drift_detected")
+    assert [c["field"] for c in drift.data["changes"]] == ["content"]
+
+    # Deleting the agent deletes the file first, through the agent, then the agent.
+    records.record_delete_request(record=agent)
+    wait_phase(record, Phase.DELETED)
+    wait_phase(agent, Phase.DELETED)
+    assert not path.exists()
+    assert not any(r.startswith("DeletionAbandoned") for r in reasons(record)), reasons(record)
+
+
+def test_a_strangers_file_on_the_machine_is_never_adopted(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path
+) -> None:
+    agent, _process = agents("stranger")
+    wait_phase(agent, Phase.READY)
+    path = tmp_path / "theirs.conf"
+    path.write_text("not yours\n")
+    record = declare_file(agent, path, "mine\n")
+    failed = wait_phase(record, Phase.CREATE_FAILED)
+    assert "belongs to no Graphene record" in failed.last_error
+    assert path.read_text() == "not yours\n"
+    relative = declare_file(agent, Path("relative.conf"), "x")
+    assert "must be absolute" in wait_phase(relative, Phase.CREATE_FAILED).last_error
+    records.record_delete_request(record=agent)
+    wait_phase(agent, Phase.DELETED)
+    assert path.read_text() == "not yours\n"  # removal never touches a file that is not ours
+
+
+def test_deleting_waits_for_a_machine_that_comes_back(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path
+) -> None:
+    agent, process = agents("returns")
+    wait_phase(agent, Phase.READY)
+    path = tmp_path / "back.conf"
+    record = declare_file(agent, path, "x\n")
+    wait_phase(record, Phase.READY)
+    process.stop()
+    wait_for(lambda: Agent.objects.get(pk=agent.pk).session is None, what="the disconnect")
+
+    records.record_delete_request(record=agent)
+    wait_phase(record, Phase.DELETING)
+    wait_for(
+        lambda: AgentCommand.objects.filter(waiting_record_id=record.pk, payload__args__0="remove").exists(),
+        what="the removal to be queued for the machine",
+    )
+    assert path.exists()
+    process.start()  # back within the deadline: the queued removal is delivered and done
+    wait_phase(record, Phase.DELETED, timeout=DEADLINE_SECONDS + 20)
+    wait_phase(agent, Phase.DELETED)
+    assert not path.exists()
+    assert not any(r.startswith("DeletionAbandoned") for r in reasons(record)), reasons(record)
+
+
+def test_deleting_a_file_on_a_lost_machine_is_abandoned_after_the_deadline(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path
+) -> None:
+    agent, process = agents("lost")
+    wait_phase(agent, Phase.READY)
+    path = tmp_path / "lost.conf"
+    record = declare_file(agent, path, "x\n")
+    wait_phase(record, Phase.READY)
+    process.kill()  # the machine is gone for good
+
+    records.record_delete_request(record=agent)
+    wait_phase(record, Phase.DELETING)
+    deleted = wait_phase(record, Phase.DELETED, timeout=DEADLINE_SECONDS + 30)
+    wait_phase(agent, Phase.DELETED)
+    abandoned = Event.objects.get(record=record, reason="DeletionAbandoned")
+    assert str(path) in abandoned.message
+    assert "away since" in abandoned.message
+    assert abandoned.data["abandoned"] is True
+    assert deleted.deleted_at is not None
+    assert deleted.deleted_at >= abandoned.created_at
+    requested = Record.objects.get(pk=record.pk).deletion_requested_at
+    assert requested is not None
+    waited = (abandoned.created_at - requested).total_seconds()
+    assert waited >= DEADLINE_SECONDS - 0.5, waited
+    assert path.exists()  # nothing could remove it: the event says what may be left
+    # The removal that never got out is cancelled, not left queued for a machine that is gone.
+    assert not AgentCommand.objects.filter(waiting_record_id=record.pk, status__in=["queued", "sent"]).exists()
+
+
+def test_a_secret_file_on_the_machine_is_never_stored_in_the_clear(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path, api: Any
+) -> None:
+    from apps.secrets.services import secret_create
+
+    secret_create(name="db-password", value="hunter2-very-secret")
+    agent, _process = agents("secrets")
+    wait_phase(agent, Phase.READY)
+    path = tmp_path / "db.pass"
+    record = records.record_declare(
+        kind="file",
+        name="db.pass",
+        owner=agent,
+        spec={"path": str(path), "content": {"$secret": "db-password"}, "mode": 0o600, "agent": str(agent.pk)},
+    )
+    wait_phase(record, Phase.READY)
+    assert path.read_text() == "hunter2-very-secret"
+    command = AgentCommand.objects.get(waiting_record_id=record.pk, operation="write")
+    assert set(command.payload) == {"$sealed", "name"}
+    for stored in (command.payload, Record.objects.get(pk=record.pk).outputs, command.result):
+        assert "hunter2" not in str(stored)
+        assert "aHVudGVyMi" not in str(stored)
+    shown = api.get(f"/api/v1/agents/{agent.pk}/commands/{command.pk}/")
+    assert shown.status_code == 200, shown.content
+    assert shown.json()["payload"]["$sealed"] == "<encrypted>"
