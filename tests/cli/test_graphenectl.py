@@ -219,6 +219,7 @@ def test_get_and_describe_agents(server: Server, ctl: Ctl) -> None:
         "POST", "records/", {"kind": "agent", "name": name, "owner": root, "labels": {"team": name}}
     )
     assert status == 201, body
+
     def stable(listed: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         # The record converges meanwhile (phase, conditions, updated_at move): compare the rest.
         return [(a["id"], a["name"], a["owner"], a["labels"], a["created_at"]) for a in listed]
