@@ -1,18 +1,20 @@
 """The ``agent`` kind: a machine agent, ready only while it is connected.
 
-The "external object" is the agent's live connection. ``create`` succeeds once the agent is
-connected (it returns the facts of its hello); before that it raises a retryable error, and
-the gateway itself moves the record to ``ready`` the moment the agent says hello, so a
-create retry is only a safety net. ``delete`` retires the agent (revokes its credentials,
-ends its commands, tells it to go) and never waits for the machine: a machine that is gone
-for good must not keep its record from being deleted.
+The "external object" is the agent's live connection (and, with ``needs`` in the spec, the
+capabilities its machine publishes). ``create`` succeeds once the agent is connected (it
+returns the facts of its hello); before that it raises a retryable error, and the gateway
+itself moves the record to ``ready`` the moment the agent says hello (or, with needs, once
+they are published: ``agent_needs_settle``), so a create retry is only a safety net.
+``delete`` retires the agent (revokes its credentials, ends its commands, tells it to go)
+and never waits for the machine: a machine that is gone for good must not keep its record
+from being deleted.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kinds import Kind, KindError, Observed
+from kinds import Kind, KindError, NotYet, Observed
 
 if TYPE_CHECKING:
     from apps.records.models import Record
@@ -24,7 +26,29 @@ class AgentKind(Kind):
         "A machine running graphene-agent, which dials out to the server (it listens on no port). "
         "Ready while connected; its facts (hostname, os, arch, cpus, memory, addresses) are its outputs."
     )
-    spec_schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    spec_schema = {
+        "type": "object",
+        "properties": {
+            "needs": {
+                "type": "array",
+                "description": "capabilities its machine must publish before it is ready (need(...) in the SDK)",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1, "maxLength": 100},
+                        "where_label": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "where_in": {
+                            "type": "object",
+                            "additionalProperties": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                        },
+                    },
+                    "required": ["name"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "additionalProperties": False,
+    }
     drift_interval = None  # readiness follows the connection, not observation
 
     def create(self, record: Record) -> dict[str, Any]:
@@ -34,6 +58,12 @@ class AgentKind(Kind):
         state = Agent.objects.filter(pk=record.pk).first()
         if state is None or not state.is_connected:
             raise KindError(f"waiting for agent {record.name} to connect (install it with its bootstrap token)")
+        if record.spec.get("needs"):
+            from apps.agents.selectors import agent_needs_unmet
+
+            unmet = agent_needs_unmet(agent=record, needs=record.spec["needs"])
+            if unmet:  # publishing a capability settles it (agent_needs_settle); this is the net
+                raise NotYet(f"agent {record.name} is connected but not ready: {'; '.join(unmet)}", retry_in=60)
         # The hello wrote the facts after ``record`` was read: return the row's, not the snapshot's.
         outputs: dict[str, Any] = Record.objects.filter(pk=record.pk).values_list("outputs", flat=True).first() or {}
         return outputs

@@ -170,6 +170,7 @@ def agent_declare(
     actor: records.Actor = None,
     server_url: str | None = None,
     bootstrap_ttl: timedelta | None = None,
+    needs: list[dict[str, Any]] | None = None,
 ) -> AgentInstall:
     """Declare an agent record under ``owner`` and issue install data for a machine.
 
@@ -181,22 +182,29 @@ def agent_declare(
 
     bundle = agent_bundle()  # built before the transaction: file work, not database work
     with transaction.atomic():
-        record = agent_record_declare(owner=owner, name=name, labels=labels, actor=actor)
+        record = agent_record_declare(owner=owner, name=name, labels=labels, actor=actor, needs=needs)
         token = agent_bootstrap_issue(record=record, ttl=bootstrap_ttl)
     script = agent_install_script(record=record, bootstrap_token=token, server_url=server_url, pyz_sha256=bundle.sha256)
     return AgentInstall(record=record, bootstrap_token=token, install_script=script)
 
 
 def agent_record_declare(
-    *, owner: Record, name: str, labels: dict[str, str] | None = None, actor: records.Actor = None
+    *,
+    owner: Record,
+    name: str,
+    labels: dict[str, str] | None = None,
+    actor: records.Actor = None,
+    needs: list[dict[str, Any]] | None = None,
 ) -> Record:
     """Declare the agent record under ``owner`` (idempotent) without issuing a token.
 
     For installs that issue their own token when they really install (``ssh_install``), so
-    that a replayed declaration leaves no unused bootstrap token behind.
+    that a replayed declaration leaves no unused bootstrap token behind. With ``needs`` the
+    record is ready only while its agent is connected *and* its machine publishes them.
     """
+    spec = {"needs": needs_clean(needs)} if needs else {}
     with transaction.atomic():
-        record = records.record_declare(kind=AGENT_KIND, name=name, owner=owner, spec={}, labels=labels, actor=actor)
+        record = records.record_declare(kind=AGENT_KIND, name=name, owner=owner, spec=spec, labels=labels, actor=actor)
         Agent.objects.get_or_create(record=record)
     return record
 
@@ -432,9 +440,14 @@ def agent_connect(
             "last_error": "",
             "observed_generation": record.generation,
         }
+        unmet = _needs_unmet(record)
+        if unmet is not None:
+            fields["conditions"] = conditions = _needs_condition(conditions, unmet)
         if record.phase in (Phase.PENDING, Phase.CREATE_FAILED):
             records.record_transition([record], Phase.CREATING, reason="Connected", message="the agent connected")
-        if record.phase != Phase.READY:
+        if unmet:  # connected, but not what the declaration needs: not ready (yet)
+            _settle(record, fields, ready=False, reason="NeedsUnmet", message="; ".join(unmet))
+        elif record.phase != Phase.READY:
             records.record_transition(
                 [record], Phase.READY, reason="Connected", message="the agent said hello", fields=fields
             )
@@ -442,6 +455,53 @@ def agent_connect(
             Record.objects.filter(pk=record.pk).update(updated_at=now, **fields)
             publish_on_commit("records", {"event": "records.changed", "ids": [str(record.pk)]})
     return previous
+
+
+def _needs_unmet(record: Record) -> list[str] | None:
+    """What the record's declared needs (``spec.needs``) lack on its machine; ``None``: it has none."""
+    needs = (record.spec or {}).get("needs")
+    if not needs:
+        return None
+    from apps.agents.selectors import agent_needs_unmet
+
+    return agent_needs_unmet(agent=record, needs=needs)
+
+
+def _needs_condition(conditions: Sequence[Mapping[str, Any]], unmet: list[str]) -> list[dict[str, Any]]:
+    if unmet:
+        return _set_condition(conditions, "NeedsMet", False, reason="NeedsUnmet", message="; ".join(unmet))
+    return _set_condition(conditions, "NeedsMet", True, reason="NeedsMet", message="every need is published")
+
+
+def _settle(record: Record, fields: dict[str, Any], *, ready: bool, reason: str, message: str) -> None:
+    """Move a connected agent's record to what its needs say: ``ready``, or not (``creating``
+    before it was ever ready, ``drifted`` after), writing ``fields`` with the move."""
+    was_ready = record.phase in (Phase.READY, Phase.DRIFTED)
+    target = Phase.READY if ready else (Phase.DRIFTED if was_ready else Phase.CREATING)
+    if record.phase == Phase.PENDING:
+        records.record_transition([record], Phase.CREATING, reason=reason, message=message)
+    if record.phase != target:
+        records.record_transition([record], target, reason=reason, message=message, fields=fields)
+    else:
+        Record.objects.filter(pk=record.pk).update(updated_at=_now(), **fields)
+        publish_on_commit("records", {"event": "records.changed", "ids": [str(record.pk)]})
+
+
+def agent_needs_settle(*, record_id: Any) -> None:
+    """Re-decide a connected agent's readiness after what its machine offers changed."""
+    with transaction.atomic():
+        record = Record.objects.select_for_update(no_key=True).filter(pk=record_id).first()
+        if record is None or _retired(record) or record.deletion_requested_at is not None:
+            return
+        unmet = _needs_unmet(record)
+        if unmet is None or not Agent.objects.filter(pk=record.pk, session__isnull=False).exists():
+            return  # no needs (readiness is the connection's), or away (the hello decides)
+        fields: dict[str, Any] = {"conditions": _needs_condition(record.conditions, unmet)}
+        if unmet:
+            _settle(record, fields, ready=False, reason="NeedsUnmet", message="; ".join(unmet))
+        else:
+            fields.update(attempts=0, next_attempt_at=None, last_error="", observed_generation=record.generation)
+            _settle(record, fields, ready=True, reason="NeedsMet", message="the machine publishes every need")
 
 
 def agent_heartbeat(*, record_id: Any, session: uuid.UUID) -> bool:
@@ -1152,4 +1212,5 @@ def capability_publish(
             message=f"{'publishes' if created else 'updated'} capability {described}",
             data={"name": name, "version": version, "labels": labels, "run": str(published_by or "")},
         )
+        agent_needs_settle(record_id=agent.pk)  # after the event: a phase it moves comes next
     return capability

@@ -564,7 +564,7 @@ class Execution:
 
     # --- Runtime: agents ---------------------------------------------------------------------
 
-    def agent(self, name: str, labels: Mapping[str, str]) -> str:
+    def agent(self, name: str, labels: Mapping[str, str], needs: list[dict[str, Any]]) -> str:
         call = f"agent {name}"
         entry = self._next(call)
         if entry is not None:
@@ -577,7 +577,9 @@ class Execution:
             try:
                 # The install data holds a bootstrap token: it is never journaled (I7);
                 # install_env()/install_script() issue a fresh single-use token when asked.
-                record = agents.agent_declare(owner=self._owner(None, run), name=name, labels=dict(labels)).record
+                record = agents.agent_declare(
+                    owner=self._owner(None, run), name=name, labels=dict(labels), needs=needs
+                ).record
             except ServiceError as exc:
                 failure = f"cannot declare agent {name}: {exc.detail}"
                 self._write(self.seq, call, EntryStatus.FAILED, None, failure)

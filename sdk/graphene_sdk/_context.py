@@ -63,7 +63,7 @@ class Runtime(Protocol):
         self, pipeline: Pipeline[Any, Any], inputs: Sequence[dict[str, Any]], concurrency: int
     ) -> list[Any]: ...
 
-    def agent(self, name: str, labels: Mapping[str, str]) -> str: ...
+    def agent(self, name: str, labels: Mapping[str, str], needs: list[dict[str, Any]]) -> str: ...
 
     def agent_install(self, record_id: str, form: Literal["env", "script"]) -> str: ...
 
@@ -497,13 +497,16 @@ class Context:
         )
         return Resource(self._runtime, record_id, kind, name)
 
-    def agent(self, name: str, *, labels: Mapping[str, str] | None = None) -> Agent:
+    def agent(self, name: str, *, labels: Mapping[str, str] | None = None, needs: Sequence[Need] = ()) -> Agent:
         """Declare an agent record (a machine this run will act on) and return its handle.
 
         Install the agent with ``install_script()`` (cloud-init user-data) or ``install_env()``;
-        it dials out to Graphene, nothing listens on the machine.
+        it dials out to Graphene, nothing listens on the machine. The record is ready while
+        the agent is connected and, with ``needs``, only once its machine publishes them
+        (``ctx.publish_capability``): ``ready()`` waits for both. Commands are delivered as
+        soon as it is connected, so a run can install what is needed and then publish it.
         """
-        record_id = self._runtime.agent(name, dict(labels or {}))
+        record_id = self._runtime.agent(name, dict(labels or {}), _needs(needs))
         return Agent(self._runtime, record_id, "agent", name)
 
     def agent_via_ssh(

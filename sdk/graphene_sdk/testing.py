@@ -921,6 +921,14 @@ class _Runtime:
             return None, ResourceFailed(f"{label}: record {record_id} does not exist", record_id=record_id)
         if record.phase in _CONVERGING:
             self._wait_until(record.settles_at)  # the engine suspends the run here
+        if record.phase == "ready" and record.kind == "agent" and record.spec.get("needs"):
+            unmet = self._world._unmet(record, record.spec["needs"])
+            if unmet:  # the real system waits for a publish; nothing else publishes in the world
+                message = (
+                    f"{label} is connected but its machine does not publish {unmet}: publish them first "
+                    "(ctx.publish_capability) or declare the machine with World.add_agent(..., capabilities=...)"
+                )
+                return None, ResourceFailed(message, record_id=record_id, phase="creating")
         if record.phase == "ready":
             return _json(record.outputs), None
         why = record.error if record.phase == "create_failed" else record.deletion_reason
@@ -933,9 +941,9 @@ class _Runtime:
         if record is not None and record.alive:  # deleting is idempotent
             self._world._delete(record, "DeletedByRun")
 
-    def agent(self, name: str, labels: Mapping[str, str]) -> str:
+    def agent(self, name: str, labels: Mapping[str, str], needs: list[dict[str, Any]]) -> str:
         self._check()
-        return self._world._declare(self._run, "agent", name, {}, labels, None, ())
+        return self._world._declare(self._run, "agent", name, {"needs": needs} if needs else {}, labels, None, ())
 
     def agent_install(self, record_id: str, form: Literal["env", "script"]) -> str:
         self._check()

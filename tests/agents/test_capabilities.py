@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from apps.agents import selectors, services
 from apps.agents.models import AgentCapability
 from apps.core.errors import Conflict, ValidationFailed
 from apps.records import services as records
+from apps.records.choices import Phase
 from apps.records.models import Event, Record
 
 pytestmark = pytest.mark.django_db
@@ -131,3 +133,55 @@ def test_the_agents_api_shows_capabilities(stand: Record, api: Any) -> None:
     ]
     listed = api.get("/api/v1/agents/").json()
     assert listed["results"][0]["capabilities"][0]["name"] == "docker"
+
+
+def connect(box: Record) -> None:
+    """What the gateway does on the agent's hello."""
+    services.agent_connect(
+        record_id=box.pk, session=uuid.uuid4(), channel_name="test", instance="i", version="v", facts={}
+    )
+
+
+def test_a_declared_agent_with_needs_is_ready_only_while_its_machine_publishes_them(stand: Record) -> None:
+    gpu = need("gpu", where_label={"vendor": "nvidia"})
+    box = services.agent_record_declare(owner=stand, name="trainer", needs=[gpu])
+    assert box.spec == {"needs": [gpu]}
+
+    connect(box)
+    box.refresh_from_db()
+    assert box.phase == Phase.CREATING  # connected, but not what it was declared for
+    needs_met = {c["type"]: c for c in box.conditions}["NeedsMet"]
+    assert needs_met["status"] == "False"
+    assert "does not publish 'gpu'" in needs_met["message"]
+
+    services.capability_publish(agent=box, name="gpu", labels={"vendor": "amd"})
+    assert Record.objects.get(pk=box.pk).phase == Phase.CREATING
+    services.capability_publish(agent=box, name="gpu", labels={"vendor": "nvidia"})
+    box.refresh_from_db()
+    assert box.phase == Phase.READY
+    assert {c["type"]: c["status"] for c in box.conditions} == {"Connected": "True", "NeedsMet": "True"}
+
+    services.capability_publish(agent=box, name="gpu", labels={"vendor": "intel"})  # it changed on the machine
+    box.refresh_from_db()
+    assert box.phase == Phase.DRIFTED
+    reasons = list(Event.objects.filter(record=box, type="phase_changed").values_list("reason", flat=True))
+    assert reasons[-2:] == ["NeedsMet", "NeedsUnmet"]
+
+    connect(box)  # a reconnect re-decides from what is published: still not met
+    assert Record.objects.get(pk=box.pk).phase == Phase.DRIFTED
+    services.capability_publish(agent=box, name="gpu", labels={"vendor": "nvidia"})
+    assert Record.objects.get(pk=box.pk).phase == Phase.READY
+
+
+def test_an_agent_without_needs_is_ready_when_connected(stand: Record) -> None:
+    box = agent(stand, "plain")
+    connect(box)
+    box.refresh_from_db()
+    assert box.phase == Phase.READY
+    assert "NeedsMet" not in {c["type"] for c in box.conditions}
+
+
+def test_bad_needs_on_a_declaration_are_refused_and_declare_nothing(stand: Record) -> None:
+    with pytest.raises(ValidationFailed, match=r"needs\.0\.name"):
+        services.agent_record_declare(owner=stand, name="box", needs=[{"where_label": {}}])
+    assert not Record.objects.filter(kind="agent").exists()

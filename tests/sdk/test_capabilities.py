@@ -82,3 +82,23 @@ def test_an_attached_agent_runs_commands_but_cannot_be_deleted_or_owned() -> Non
         "where_label": {},
         "where_in": {"version": ["24"]},
     }
+
+
+class NeedsInputs(BaseModel):
+    publish: bool
+
+
+@pipeline("caps.declared", inputs=NeedsInputs)
+def declared(ctx: Context, inputs: NeedsInputs) -> None:
+    box = ctx.agent("trainer", needs=[need("gpu", where_label={"vendor": "nvidia"})])
+    if inputs.publish:
+        ctx.publish_capability(box, "gpu", labels={"vendor": "nvidia"})
+    box.ready()
+
+
+def test_a_declared_agent_is_ready_only_once_its_needs_are_published() -> None:
+    world = World()
+    assert world.run(declared, NeedsInputs(publish=True)).status == "succeeded"
+    failed = world.run(declared, NeedsInputs(publish=False))
+    assert failed.status == "failed"
+    assert "does not publish ['gpu']" in failed.error_text
