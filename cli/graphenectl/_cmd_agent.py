@@ -35,6 +35,7 @@ from graphenectl._session import session
 # The remote program ended without an exit code (it did not start, or its agent went away), as ssh.
 EXIT_NO_STATUS = 255
 EOF_CHAR = b"\x04"  # what a terminal sends for Ctrl-D: the remote shell reads end of input
+EOF_REPEAT_SECONDS = 1.0
 READ_BYTES = 16 * 1024
 
 agent_app = typer.Typer(
@@ -202,7 +203,12 @@ async def _pump_input(ws: ClientConnection, reader: _Stdin, size: _Size | None) 
             data = await reader.queue.get()
             if not data:
                 if size is None:  # piped input ran out: end of input for the remote shell, as Ctrl-D
-                    await ws.send(EOF_CHAR)
+                    # Again every second until the program ends (this task is cancelled then): a
+                    # Ctrl-D that reaches the terminal while the shell runs a command, between two
+                    # reads of its line editor, can be lost when it switches terminal modes.
+                    while True:
+                        await ws.send(EOF_CHAR)
+                        await asyncio.sleep(EOF_REPEAT_SECONDS)
                 return
             if size is not None:
                 await size.check()
