@@ -43,14 +43,37 @@ DRAIN_SECONDS = 2.0
 # A partial line is sent after this long without its newline (prompts, progress bars).
 PARTIAL_LINE_SECONDS = 0.2
 # Output chunks sent and not yet acknowledged, at most. While the server stores them, new
-# output joins the last chunk not yet sent (up to OUTPUT_CHUNK_BYTES) instead of becoming a
+# output joins the last chunk not yet sent (up to OUTPUT_MERGE_BYTES) instead of becoming a
 # chunk of its own: a fast producer is stored in few large transactions (one per chunk on
-# the server), a slow one still gets each line out at once (bench/agent_logs.py).
-OUTPUT_WINDOW = 4
+# the server), a slow one still gets each line out at once (bench/agent_logs.py). The
+# gateway stores one chunk at a time, so two in flight keep it busy; more only add to the
+# time a line waits behind others.
+OUTPUT_WINDOW = 2
+# A chunk grows by joining to at most this size as JSON (escapes included: a message must stay
+# under the server's 1 MiB). Each chunk costs the server a transaction (its commit, a few round
+# trips, thread hops: ~10 ms on a busy 2-core machine); at ~70 bytes a line, 64 KiB chunks
+# spent as much on that as on the lines themselves (bench/agent_logs.py).
+OUTPUT_MERGE_BYTES = 384 * 1024
 
 
 class CommandError(Exception):
     """A command could not be carried out; the message is its ``error``."""
+
+
+@dataclass
+class Chunk:
+    """Output numbered ``seq``: pieces of text that new output may join until it is sent."""
+
+    seq: int
+    stream: str
+    parts: list[str]
+    chars: int  # len of the text
+    size: int  # len of the text as JSON, escapes included
+
+    def text(self) -> str:
+        if len(self.parts) > 1:
+            self.parts = ["".join(self.parts)]
+        return self.parts[0]
 
 
 @dataclass
@@ -63,7 +86,7 @@ class Running:
     seq: int = 0  # the last output chunk produced
     sent_upto: int = 0  # the last chunk written to the current connection
     sent_max: int = 0  # the last chunk ever written (to any connection): never grown after
-    chunks: collections.deque[tuple[int, str, str]] = field(default_factory=collections.deque)
+    chunks: collections.deque[Chunk] = field(default_factory=collections.deque)  # consecutive seqs
     buffered: int = 0
     dropped_chunks: int = 0
     tails: dict[str, bytearray] = field(default_factory=lambda: {"stdout": bytearray(), "stderr": bytearray()})
@@ -192,7 +215,7 @@ class Executor:
             return
         if state is not None and "seq" in message:
             self._acked_output(state, int(message["seq"]))
-            if state.chunks and state.chunks[-1][0] > state.sent_upto:  # the window held some back
+            if state.chunks and state.chunks[-1].seq > state.sent_upto:  # the window held some back
                 flush = asyncio.ensure_future(self._flush(state))
                 self._flushes.add(flush)
                 flush.add_done_callback(self._flushes.discard)
@@ -369,9 +392,12 @@ class Executor:
                     reader.read(protocol.OUTPUT_CHUNK_BYTES), timeout=PARTIAL_LINE_SECONDS if pending else None
                 )
             except asyncio.TimeoutError:
-                await self._emit(state, stream, pending)
-                pending = ""
-                continue
+                try:  # a held-up event loop (a busy machine) is no pause of the producer: look again
+                    data = await asyncio.wait_for(reader.read(protocol.OUTPUT_CHUNK_BYTES), timeout=0.02)
+                except asyncio.TimeoutError:
+                    await self._emit(state, stream, pending)
+                    pending = ""
+                    continue
             if not data:
                 rest = pending + decoder.decode(b"", final=True)
                 if rest:
@@ -396,23 +422,31 @@ class Executor:
         step = protocol.OUTPUT_CHUNK_BYTES
         for start in range(0, len(text), step):
             piece = text[start : start + step]
+            size = len(json.dumps(piece)) - 2  # at most 12 bytes a character: a piece alone always fits
             last = state.chunks[-1] if state.chunks else None
             if (
                 last is not None
-                and last[0] > state.sent_max  # never sent: nobody has seen this chunk yet
-                and last[1] == stream
-                and last[2].endswith("\n")  # whole lines only: a partial line stays a line of its own
-                and len(last[2]) + len(piece) <= step
+                and last.seq > state.sent_max  # never sent: nobody has seen this chunk yet
+                and last.stream == stream
+                and last.parts[-1].endswith("\n")  # whole lines only: a partial line stays a line of its own
+                and last.size + size <= OUTPUT_MERGE_BYTES
             ):
-                state.chunks[-1] = (last[0], stream, last[2] + piece)
+                last.parts.append(piece)  # joined once, when sent: small pieces cost no copies
+                last.chars += len(piece)
+                last.size += size
             else:
                 state.seq += 1
-                state.chunks.append((state.seq, stream, piece))
+                state.chunks.append(Chunk(state.seq, stream, [piece], len(piece), size))
             state.buffered += len(piece)
             while state.buffered > MAX_BUFFERED_OUTPUT and state.chunks:
-                _seq, _stream, old = state.chunks.popleft()
-                state.buffered -= len(old)
+                state.buffered -= state.chunks.popleft().chars
                 state.dropped_chunks += 1
+        if state.lock.locked():
+            # A flush is sending (waiting for the socket to drain): it reads the deque again
+            # when that send returns, so this output goes next. Waiting for it here would stop
+            # reading the pipe, and a producer stopped mid-line by a full pipe has its line
+            # cut in two by PARTIAL_LINE_SECONDS.
+            return
         await self._flush(state)
 
     async def _flush(self, state: Running) -> None:
@@ -422,14 +456,16 @@ class Executor:
                 # Sequence numbers in the deque are consecutive; the ones up to sent_upto are in
                 # flight (sent, not acknowledged). Read the chunk now, not from a snapshot: until
                 # it is sent, new output may still join it.
-                index = max(0, state.sent_upto + 1 - state.chunks[0][0])
+                index = max(0, state.sent_upto + 1 - state.chunks[0].seq)
                 if index >= len(state.chunks):
                     break
                 if index >= OUTPUT_WINDOW:
                     return  # the window is full: the next acknowledgement flushes again
-                seq, stream, data = state.chunks[index]
+                chunk = state.chunks[index]
+                seq = chunk.seq
                 state.sent_max = max(state.sent_max, seq)  # before the send: it may reach the server
-                if not await self.send({"type": "output", "id": state.id, "seq": seq, "stream": stream, "data": data}):
+                message = {"type": "output", "id": state.id, "seq": seq, "stream": chunk.stream, "data": chunk.text()}
+                if not await self.send(message):
                     return
                 state.sent_upto = seq
             if state.result is not None:
@@ -437,9 +473,8 @@ class Executor:
 
     @staticmethod
     def _acked_output(state: Running, seq: int) -> None:
-        while state.chunks and state.chunks[0][0] <= seq:
-            _seq, _stream, data = state.chunks.popleft()
-            state.buffered -= len(data)
+        while state.chunks and state.chunks[0].seq <= seq:
+            state.buffered -= state.chunks.popleft().chars
 
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
         """SIGTERM the command's process group, SIGKILL it after the grace period."""

@@ -13,7 +13,15 @@ class LogLine(models.Model):
     """One line of a record's log: what a run, step, command or container wrote."""
 
     id = models.BigAutoField(primary_key=True)
-    record = models.ForeignKey("records.Record", on_delete=models.CASCADE, related_name="log_lines")
+    # No database constraint and no index of its own (the (record, id) index serves every
+    # lookup by record): an agent's output is stored at tens of thousands of lines a second, and
+    # the per-row foreign key check and the extra index were half of PostgreSQL's work per
+    # line (bench/agent_logs.py). Lines still go with their record (the ORM's cascade when a
+    # tombstone is purged); a line written for a record purged at that moment is removed
+    # by the retention, like every line.
+    record = models.ForeignKey(
+        "records.Record", on_delete=models.CASCADE, related_name="log_lines", db_constraint=False, db_index=False
+    )
     at = models.DateTimeField()
     stream = models.CharField(max_length=16, default="stdout")
     severity = models.CharField(max_length=16, default="info")

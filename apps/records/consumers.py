@@ -69,7 +69,7 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
 
         async for batch in log_batches(self.rows, after):
             if batch:
-                await self.send_json({"lines": batch})
+                await self.send_json({"lines": batch.lines()})
 
 
 def _log_query(user: Any, record_id: str, params: dict[str, str]) -> tuple[Any, int]:
