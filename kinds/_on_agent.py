@@ -108,7 +108,7 @@ def _done_since_deletion(record: Record, op: str) -> AgentCommand | None:
     )
 
 
-def _wait(command: AgentCommand, seconds: float) -> AgentCommand | None:
+def wait_command(command: AgentCommand, seconds: float) -> AgentCommand | None:
     """The command once finished, or ``None`` after ``seconds``."""
     from apps.agents.models import AgentCommand
 
@@ -161,7 +161,7 @@ def run_on_agent(
         if done is not None:  # a duplicate of a deletion that has just done it (a wake, a redelivery)
             return _value(done, what)
     if command is None:
-        _check_reachable(record, agent, state, what, deleting=deleting)
+        check_reachable(record, agent, state, what, deleting=deleting)
         assert agent is not None
         try:
             command = agents.command_submit(
@@ -176,11 +176,11 @@ def run_on_agent(
             raise PermanentError(f"{what}: {exc.detail}") from exc
         except Exception as exc:  # refused (being deleted meanwhile): decide again next time
             raise KindError(f"{what}: {getattr(exc, 'detail', exc)}") from exc
-    finished = _wait(command, wait)
+    finished = wait_command(command, wait)
     if finished is None:
         retry_in = RETRY_SECONDS
         if deleting:
-            retry_in = min(retry_in, _check_reachable(record, agent, state, what, deleting=True, pending=command))
+            retry_in = min(retry_in, check_reachable(record, agent, state, what, deleting=True, pending=command))
         elif state is not None and state.lost_at is not None:
             raise KindError(f"{what}: {_lost(state)}")
         raise NotYet(f"{what}: waiting for the machine", retry_in=retry_in)
@@ -188,7 +188,7 @@ def run_on_agent(
     return _value(finished, what)
 
 
-def _check_reachable(
+def check_reachable(
     record: Record,
     agent: Record | None,
     state: Any,

@@ -45,7 +45,7 @@ from apps.agents.models import Agent, AgentCapability, AgentCommand, AgentToken
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.observability import hooks as observability  # observability: command spans (issue 8)
-from apps.observability.services import LogEntry, log_write_many
+from apps.observability.services import log_write_lines
 from apps.records import services as records
 from apps.records.choices import EventType, Phase
 from apps.records.models import Record
@@ -737,7 +737,9 @@ def command_submit(
     ``waiting_record`` is a record whose convergence or deletion waits on the command (an
     object on the agent's machine): it is woken when the command ends, and such commands are
     taken while the agent's own deletion is requested (its machine's records go first);
-    ``operation`` names what that record's kind asked for. A ``sealed`` payload (it carries a
+    ``operation`` names what that record's kind asked for; one starting with ``sync:``
+    (``SYNC_OPERATION``) is waited for by the very worker that submitted it, which takes its
+    result itself, so its end wakes nobody. A ``sealed`` payload (it carries a
     secret's value) is stored encrypted with the secrets key and opened only to be sent (I7).
     """
     if agent.kind != AGENT_KIND:
@@ -791,6 +793,9 @@ def command_cancel(*, command: AgentCommand, actor: records.Actor = None) -> Age
 
 
 SEALED = "$sealed"
+# The prefix of an ``operation`` whose submitter waits for the command in place (the docker
+# kinds' HTTP requests through an agent): waking its record would only start a duplicate.
+SYNC_OPERATION = "sync:"
 
 
 def _seal(command_id: uuid.UUID, payload: dict[str, Any]) -> dict[str, Any]:
@@ -905,18 +910,17 @@ def command_output(*, record_id: Any, command_id: Any, seq: int, stream: str, da
 
 
 def _log_lines(command: AgentCommand, lines: Sequence[str], *, stream: str) -> None:
-    """The bulk form of ``observability.services.log_write`` (same fields, one INSERT per chunk).
+    """The bulk form of ``observability.services.log_write`` (same fields, one statement per chunk).
 
     A chunk carries many lines; one statement per chunk instead of per line is what lets an
     agent stream tens of thousands of lines a second.
     """
-    now = _now()
-    source = f"command/{command.pk}"
-    targets = [command.agent_id, *command.log_record_ids]
-    log_write_many(
-        LogEntry(record_id=target, message=line, stream=stream, source=source, at=now)
-        for target in targets
-        for line in lines
+    log_write_lines(
+        record_ids=[command.agent_id, *command.log_record_ids],
+        lines=lines,
+        stream=stream,
+        source=f"command/{command.pk}",
+        at=_now(),
     )
 
 
@@ -1003,7 +1007,8 @@ def _command_finish_row(
         except Exception:  # a hint: the runs' recovery scan (the record's retry) finds them if lost
             logger.warning("could not wake what waits on command %s", command_id, exc_info=True)
 
-    transaction.on_commit(wake)
+    if not command.operation.startswith(SYNC_OPERATION):
+        transaction.on_commit(wake)
 
 
 def command_take(*, command: AgentCommand) -> bool:

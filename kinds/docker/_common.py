@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import docker
 import docker.errors
@@ -54,9 +55,26 @@ def docker_host() -> str:
     return str(settings.GRAPHENE_DOCKER_HOST)
 
 
+def engine() -> str:
+    """The engine being talked to, for messages: the server's dockerd or an agent's."""
+    from kinds.docker import _agent
+
+    target = _agent.current()
+    return f"the engine on agent {target.agent_id}" if target is not None else f"dockerd at {docker_host()}"
+
+
 def client() -> docker.DockerClient:
     """A client for ``GRAPHENE_DOCKER_HOST``, one per thread and process (requests sessions
-    are not shared across threads; a forked worker must not reuse its parent's sockets)."""
+    are not shared across threads; a forked worker must not reuse its parent's sockets).
+
+    Within ``on_engine`` for a record whose spec names an ``agent``: the engine on that
+    agent's machine, reached through the agent (``kinds.docker._agent``)."""
+    from kinds.docker import _agent
+
+    target = _agent.current()
+    if target is not None:
+        with translate_errors("connect"):
+            return _agent.agent_client(target.agent_id)
     key = (os.getpid(), docker_host())
     cached = getattr(_local, "client", None)
     if cached is not None and cached[0] == key:
@@ -89,7 +107,7 @@ def translate_errors(what: str) -> Iterator[None]:
             raise PermanentError(f"docker refused to {what}: {detail}") from exc
         raise KindError(f"docker could not {what}: {detail}") from exc
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise KindError(f"cannot {what}: dockerd at {docker_host()} did not answer: {exc}") from exc
+        raise KindError(f"cannot {what}: {engine()} did not answer: {exc}") from exc
 
 
 def is_conflict(exc: docker.errors.APIError) -> bool:
@@ -177,6 +195,33 @@ class DockerKind(Kind):
     """Base of the docker kinds: drift is checked every 30 s (objects change behind our back)."""
 
     drift_interval: ClassVar[timedelta | None] = timedelta(seconds=30)
+
+
+# Where the object lives: absent, the server's dockerd; else an agent's machine (its record id).
+AGENT_PROPERTY: dict[str, Any] = {
+    "type": "string",
+    "format": "uuid",
+    "description": "the agent record whose machine's Docker engine holds the object (absent: the server's)",
+}
+
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def on_engine(mode: str) -> Callable[[_M], _M]:
+    """Run a kind's ``create``/``observe``/``delete`` (``mode``) against the record's engine:
+    the server's, or its agent's machine's when the spec names an ``agent``."""
+    from kinds.docker import _agent
+
+    def wrap(method: _M) -> _M:
+        @functools.wraps(method)
+        def run(self: Any, record: Record, *args: Any, **kwargs: Any) -> Any:
+            with _agent.on_agent(record, mode):
+                return method(self, record, *args, **kwargs)
+            return None  # a deletion given up on (the machine is gone): recorded by on_agent
+
+        return cast(_M, run)
+
+    return wrap
 
 
 def sweep_marked(objects: list[Any], *, id_of: Callable[[Any], str]) -> Iterator[Marked]:

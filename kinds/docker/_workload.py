@@ -18,6 +18,7 @@ from graphene_sdk.libs.docker import object_name
 
 from kinds import KindError, PermanentError, string_or_secret
 from kinds.docker._common import (
+    AGENT_PROPERTY,
     LABEL_RECORD,
     LABEL_SPEC,
     claim,
@@ -74,6 +75,7 @@ WORKLOAD_PROPERTIES: dict[str, Any] = {
     "workdir": {"type": "string", "pattern": "^/"},
     "user": {"type": "string", "minLength": 1},
     "pull": {"enum": ["missing", "never"], "default": "missing", "description": "pull the image if it is missing"},
+    "agent": AGENT_PROPERTY,
 }
 
 

@@ -20,6 +20,7 @@ from kinds.docker import _workload as workload
 from kinds.docker._common import (
     DockerKind,
     list_or_nothing,
+    on_engine,
     parse_ts,
     record_stats,
     sync_logs_quietly,
@@ -107,6 +108,7 @@ class ContainerKind(DockerKind):
         "then": {"required": ["healthcheck"]},
     }
 
+    @on_engine("create")
     def create(self, record: Record) -> dict[str, Any]:
         ready_when = record.spec.get("ready_when", "running")
         pattern = None
@@ -158,6 +160,7 @@ class ContainerKind(DockerKind):
             raw: bytes = container.logs(stdout=True, stderr=True, since=since)
         return any(pattern.search(line) for line in raw.decode("utf-8", errors="replace").splitlines())
 
+    @on_engine("observe")
     def observe(self, record: Record) -> Observed | None:
         found = workload.find(record)
         if not found:
@@ -183,6 +186,7 @@ class ContainerKind(DockerKind):
             drifts.append(Drift("health", "healthy", "unhealthy"))
         return drifts
 
+    @on_engine("delete")
     def delete(self, record: Record) -> None:
         for container in workload.find(record):
             sync_logs_quietly(record, container)  # its last words, before they are gone

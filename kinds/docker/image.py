@@ -19,11 +19,13 @@ from graphene_sdk.libs.docker import image_reference
 
 from kinds import Drift, KindError, Marked, Observed, PermanentError
 from kinds.docker._common import (
+    AGENT_PROPERTY,
     LABEL_SPEC,
     DockerKind,
     client,
     labels_for,
     list_or_nothing,
+    on_engine,
     record_filter,
     spec_hash,
     sweep_filter,
@@ -82,6 +84,7 @@ class ImageKind(DockerKind):
                 "items": {"type": "string", "minLength": 1},
                 "description": "Dockerfile instructions applied on import, e.g. 'CMD [\"/bin/sh\"]'",
             },
+            "agent": AGENT_PROPERTY,
         },
         "required": ["rootfs_tar"],
         "additionalProperties": False,
@@ -91,6 +94,7 @@ class ImageKind(DockerKind):
         with translate_errors(f"list the images of record {record.pk}"):
             return list(client().images.list(all=True, filters=record_filter(record)))
 
+    @on_engine("create")
     def create(self, record: Record) -> dict[str, Any]:
         reference = image_reference(record.name, str(record.pk))
         digest = spec_hash(record.spec)
@@ -116,6 +120,7 @@ class ImageKind(DockerKind):
                 return _outputs(image, reference, adopted=False)
         raise KindError(f"importing {path} as {reference} made no image: {str(answer)[-500:]}")
 
+    @on_engine("observe")
     def observe(self, record: Record) -> Observed | None:
         digest = spec_hash(record.spec)
         for image in self._find(record):
@@ -128,6 +133,7 @@ class ImageKind(DockerKind):
         tags = observed.outputs.get("tags") or []
         return [Drift("reference", reference, tags)] if reference not in tags else []
 
+    @on_engine("delete")
     def delete(self, record: Record) -> None:
         reference = image_reference(record.name, str(record.pk))
         for image in self._find(record):

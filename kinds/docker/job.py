@@ -25,6 +25,7 @@ from kinds.docker._common import (
     deletion_requested,
     list_or_nothing,
     log_tail,
+    on_engine,
     parse_ts,
     sync_logs,
     sync_logs_quietly,
@@ -57,6 +58,7 @@ class JobKind(DockerKind):
         "additionalProperties": False,
     }
 
+    @on_engine("create")
     def create(self, record: Record) -> dict[str, Any]:
         container, adopted = workload.adopt_or_create(record, self.name, replace_on_image_change=False)
         with translate_errors(f"inspect container {container.name}"):
@@ -108,6 +110,7 @@ class JobKind(DockerKind):
             except requests.exceptions.RequestException:
                 continue  # still running (the poll timed out); check the deadline and deletion
 
+    @on_engine("delete")
     def delete(self, record: Record) -> None:
         for container in workload.find(record):
             sync_logs_quietly(record, container)  # a job deleted while it ran: what it said so far

@@ -11,12 +11,14 @@ from graphene_sdk.libs.docker import object_name
 
 from kinds import Drift, Marked, Observed
 from kinds.docker._common import (
+    AGENT_PROPERTY,
     DockerKind,
     claim,
     client,
     is_conflict,
     labels_for,
     list_or_nothing,
+    on_engine,
     record_filter,
     sweep_filter,
     sweep_marked,
@@ -56,6 +58,7 @@ class NetworkKind(DockerKind):
             "internal": {"type": "boolean", "default": False, "description": "no route to the outside"},
             "subnet": {"type": "string", "pattern": r"^[0-9a-fA-F.:]+/\d{1,3}$", "description": "e.g. 10.77.0.0/24"},
             "options": {"type": "object", "additionalProperties": {"type": "string"}},
+            "agent": AGENT_PROPERTY,
         },
         "additionalProperties": False,
     }
@@ -65,6 +68,7 @@ class NetworkKind(DockerKind):
             found = client().networks.list(filters=record_filter(record))
         return found[0] if found else None
 
+    @on_engine("create")
     def create(self, record: Record) -> dict[str, Any]:
         existing = self._find(record)
         if existing is not None:
@@ -94,6 +98,7 @@ class NetworkKind(DockerKind):
             network.reload()
         return _outputs(network, adopted=False)
 
+    @on_engine("observe")
     def observe(self, record: Record) -> Observed | None:
         network = self._find(record)
         return Observed(_outputs(network)) if network is not None else None
@@ -109,6 +114,7 @@ class NetworkKind(DockerKind):
             drifts.append(Drift("subnet", spec["subnet"], actual.get("subnet")))
         return drifts
 
+    @on_engine("delete")
     def delete(self, record: Record) -> None:
         with translate_errors(f"list the networks of record {record.pk}"):
             found = client().networks.list(filters=record_filter(record))

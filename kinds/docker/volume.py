@@ -10,11 +10,13 @@ from graphene_sdk.libs.docker import object_name
 
 from kinds import Drift, Marked, Observed
 from kinds.docker._common import (
+    AGENT_PROPERTY,
     DockerKind,
     claim,
     client,
     labels_for,
     list_or_nothing,
+    on_engine,
     record_filter,
     sweep_filter,
     sweep_marked,
@@ -44,6 +46,7 @@ class VolumeKind(DockerKind):
         "properties": {
             "driver": {"type": "string", "minLength": 1, "default": "local"},
             "options": {"type": "object", "additionalProperties": {"type": "string"}},
+            "agent": AGENT_PROPERTY,
         },
         "additionalProperties": False,
     }
@@ -53,6 +56,7 @@ class VolumeKind(DockerKind):
             found = client().volumes.list(filters=record_filter(record))
         return found[0] if found else None
 
+    @on_engine("create")
     def create(self, record: Record) -> dict[str, Any]:
         existing = self._find(record)
         if existing is not None:
@@ -73,6 +77,7 @@ class VolumeKind(DockerKind):
             )
         return _outputs(volume, adopted=False)
 
+    @on_engine("observe")
     def observe(self, record: Record) -> Observed | None:
         volume = self._find(record)
         return Observed(_outputs(volume)) if volume is not None else None
@@ -82,6 +87,7 @@ class VolumeKind(DockerKind):
         actual = observed.outputs.get("driver")
         return [Drift("driver", want, actual)] if actual != want else []
 
+    @on_engine("delete")
     def delete(self, record: Record) -> None:
         with translate_errors(f"list the volumes of record {record.pk}"):
             found = client().volumes.list(filters=record_filter(record))

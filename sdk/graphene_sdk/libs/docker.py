@@ -24,6 +24,15 @@ with backoff until it is (or until the record's create attempts are used up; cal
 ``.ready()`` on the dependency first when it may take longer). To have a container deleted
 before its network, declare it with ``parent=net``: owners are deleted after what they own;
 otherwise the network's delete is retried while the container still uses it.
+
+**On an agent's machine.** ``on=agent`` (a ``ctx.agent``/``ctx.agent_via_ssh`` handle, or
+``ctx.attach_agent``'s) puts the object in the Docker engine of that agent's machine, reached
+through the agent's connection (``DOCKER_HOST`` there, else ``/var/run/docker.sock``); the
+default ``"server"`` is the engine the Graphene workers reach. On a machine this run declared,
+the object is owned by the agent's record unless ``parent`` says otherwise, so it is removed
+before the agent goes. Objects that refer to each other (a container and its network) must be
+on the same engine. ``image_import``'s ``rootfs_tar`` is still a path on the server: it is
+uploaded through the agent (at most 64 MiB).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, TypeAlias
 
-from graphene_sdk._context import Attached, Context, Resource
+from graphene_sdk._context import Agent, Attached, AttachedAgent, Context, Resource
 from graphene_sdk._secrets import SecretRef
 
 __all__ = [
@@ -57,6 +66,8 @@ Restart: TypeAlias = Literal["no", "on-failure", "always", "unless-stopped"]
 Pull: TypeAlias = Literal["missing", "never"]
 OnDrift: TypeAlias = Literal["heal", "report"]
 Seconds: TypeAlias = timedelta | float
+On: TypeAlias = Agent | AttachedAgent | Literal["server"]
+"""Where the object lives: ``"server"`` (the engine Graphene's workers reach) or an agent's machine."""
 
 _NAME_CHARS = re.compile(r"[^a-zA-Z0-9_.-]+")
 _REPO_CHARS = re.compile(r"[^a-z0-9]+")
@@ -121,7 +132,14 @@ def _declare(
     parent: Resource | None,
     reconcile_every: Seconds | None,
     on_drift: OnDrift | None,
+    on: On = "server",
 ) -> Resource:
+    if isinstance(on, Agent | AttachedAgent):
+        spec["agent"] = on.id
+        if isinstance(on, Agent) and parent is None:
+            parent = on  # removed before the agent goes (an attached agent is not this run's)
+    elif on != "server":
+        raise ValueError(f"on is 'server' or an agent handle (ctx.agent, ctx.attach_agent...), not {on!r}")
     # Drift options are passed only when given, so the call works with engines (and the
     # testing runtime) that predate them.
     options: dict[str, Any] = {}
@@ -203,6 +221,7 @@ def network(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    on: On = "server",
 ) -> Resource:
     """A Docker network (``docker.network``). Containers on it reach each other by record name."""
     spec: dict[str, Any] = {"driver": driver, "internal": internal}
@@ -210,7 +229,7 @@ def network(
         spec["subnet"] = subnet
     if options:
         spec["options"] = dict(options)
-    return _declare(ctx, "docker.network", name, spec, parent, reconcile_every, on_drift)
+    return _declare(ctx, "docker.network", name, spec, parent, reconcile_every, on_drift, on)
 
 
 def volume(
@@ -222,12 +241,13 @@ def volume(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    on: On = "server",
 ) -> Resource:
     """A named Docker volume (``docker.volume``), deleted with its record."""
     spec: dict[str, Any] = {"driver": driver}
     if options:
         spec["options"] = dict(options)
-    return _declare(ctx, "docker.volume", name, spec, parent, reconcile_every, on_drift)
+    return _declare(ctx, "docker.volume", name, spec, parent, reconcile_every, on_drift, on)
 
 
 def container(
@@ -252,6 +272,7 @@ def container(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    on: On = "server",
 ) -> Resource:
     """A long-running container (``docker.container``), ready once ``ready_when`` holds.
 
@@ -290,7 +311,7 @@ def container(
         )
     spec["ready_timeout_s"] = _seconds(ready_timeout, "ready_timeout")
     spec["restart"] = restart
-    return _declare(ctx, "docker.container", name, spec, parent, reconcile_every, on_drift)
+    return _declare(ctx, "docker.container", name, spec, parent, reconcile_every, on_drift, on)
 
 
 def image_import(
@@ -302,6 +323,7 @@ def image_import(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    on: On = "server",
 ) -> Resource:
     """An image imported from a root file system tar on the Graphene server (``docker import``).
 
@@ -314,7 +336,7 @@ def image_import(
     spec: dict[str, Any] = {"rootfs_tar": rootfs_tar}
     if changes:
         spec["changes"] = [str(change) for change in changes]
-    return _declare(ctx, "docker.image", name, spec, parent, reconcile_every, on_drift)
+    return _declare(ctx, "docker.image", name, spec, parent, reconcile_every, on_drift, on)
 
 
 def job(
@@ -332,6 +354,7 @@ def job(
     workdir: str | None = None,
     user: str | None = None,
     parent: Resource | None = None,
+    on: On = "server",
 ) -> Resource:
     """A throwaway container run to completion (``docker.job``); its exit code is the outcome.
 
@@ -351,4 +374,4 @@ def job(
         pull=pull,
     )
     spec["timeout_s"] = _seconds(timeout, "timeout")
-    return _declare(ctx, "docker.job", name, spec, parent, None, None)
+    return _declare(ctx, "docker.job", name, spec, parent, None, None, on)

@@ -1,0 +1,230 @@
+"""Docker on an agent's machine: the docker.* kinds reach the engine through a real agent
+(its socket on this machine), with the web server and a Celery worker that cannot reach any
+dockerd itself (``GRAPHENE_DOCKER_HOST`` points nowhere), so everything goes through the agent."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+from graphene_sdk.libs.docker import object_name
+
+from apps.agents.models import Agent, AgentCommand
+from apps.records import services as records
+from apps.records.choices import Phase
+from apps.records.models import Event, Record
+from kinds import get_kind
+from kinds.docker._agent import OPERATION
+from kinds.docker._common import LABEL_RECORD
+from tests.agents.conftest import CHANNEL_LAYER_URL, AgentProcess, wait_phase
+from tests.conftest import Worker, wait_for
+from tests.docker.conftest import IMAGE, _rootfs_tar, counts
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module")
+def docker_client() -> docker.DockerClient:
+    client = docker.from_env(timeout=120)
+    client.ping()
+    return client
+
+
+@pytest.fixture(scope="module")
+def image(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The busybox image of tests/docker, imported once per machine."""
+    try:
+        docker_client.images.get(IMAGE)
+    except docker.errors.NotFound:
+        repository, tag = IMAGE.split(":")
+        tar = _rootfs_tar(tmp_path_factory.mktemp("rootfs"))
+        docker_client.api.import_image_from_file(str(tar), repository=repository, tag=tag, changes=['CMD ["/bin/sh"]'])
+    return IMAGE
+
+
+@pytest.fixture
+def worker(start_worker: Callable[..., Worker], monkeypatch: Any) -> Worker:
+    import tests.conftest
+
+    # The worker has no engine of its own: whatever works went through the agent.
+    monkeypatch.setenv("GRAPHENE_DOCKER_HOST", "unix:///nonexistent/graphene-test-docker.sock")
+    # And it tells the web process about its commands through Redis, as a production worker
+    # does (the test settings' in-memory layer would leave them to the agent's next poll).
+    plain = tests.conftest.process_env
+    monkeypatch.setattr(
+        tests.conftest,
+        "process_env",
+        lambda **extra: plain(
+            **{
+                "DJANGO_SETTINGS_MODULE": "tests.agents.web_settings",
+                "GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL": CHANNEL_LAYER_URL,
+                **extra,
+            }
+        ),
+    )
+    monkeypatch.setenv("GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS", "30")
+    return start_worker()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers(docker_client: docker.DockerClient, transactional_db: None) -> Iterator[None]:
+    yield
+    from tests.docker.conftest import labelled
+
+    for container in labelled(docker_client)["containers"]:
+        docker_client.api.remove_container(container.id, force=True, v=True)
+    for network in labelled(docker_client)["networks"]:
+        network.remove()
+
+
+def declare(agent: Record, kind: str, name: str, **spec: Any) -> Record:
+    return records.record_declare(kind=f"docker.{kind}", name=name, owner=agent, spec={**spec, "agent": str(agent.pk)})
+
+
+def commands_of(record: Record) -> list[AgentCommand]:
+    return list(AgentCommand.objects.filter(waiting_record_id=record.pk, operation=OPERATION).order_by("created_at"))
+
+
+def report(what: str, record: Record) -> int:
+    """Print the commands a create took (the measurement asked for) and return their number."""
+    done = [c for c in commands_of(record) if c.finished_at is not None]
+    trips = [(c.finished_at - c.created_at).total_seconds() * 1000 for c in done]  # type: ignore[operator]
+    span = (done[-1].finished_at - done[0].created_at).total_seconds() if done else 0.0  # type: ignore[operator]
+    print(
+        f"\n[docker on agent] {what}: {len(done)} commands, round trip median {statistics.median(trips):.0f} ms "
+        f"(max {max(trips):.0f} ms), {span:.2f} s from the first to the last"
+    )
+    return len(done)
+
+
+def test_network_container_and_job_on_an_agents_machine(
+    agents: Callable[..., tuple[Record, AgentProcess]],
+    worker: Worker,
+    docker_client: docker.DockerClient,
+    image: str,
+) -> None:
+    agent, _process = agents("dockerhost")
+    wait_phase(agent, Phase.READY)
+    net = declare(agent, "network", "net")
+    net_name = object_name(net.name, str(net.pk))
+    app = declare(
+        agent,
+        "container",
+        "app",
+        image=image,
+        command=["sh", "-c", "echo app is up; exec sleep 600"],
+        network=net_name,
+        ready_when={"log": "app is up"},
+        pull="never",
+    )
+    ready_net = wait_phase(net, Phase.READY, timeout=60)
+    ready_app = wait_phase(app, Phase.READY, timeout=60)
+    job = declare(
+        agent, "job", "hello", image=image, command=["sh", "-c", "echo hello from the job; echo oops >&2"], pull="never"
+    )
+    ready_job = wait_phase(job, Phase.READY, timeout=60)
+    report("network create", net)
+    report("container create (log regex readiness)", app)
+    report("job create (run to completion)", job)
+
+    # Made on the engine the agent reaches, labelled with their records.
+    assert ready_net.outputs["name"] == net_name
+    assert ready_net.outputs["adopted"] is False
+    assert ready_app.outputs["running"] is True
+    assert ready_app.outputs["networks"].keys() == {net_name}
+    found = docker_client.containers.get(ready_app.outputs["id"])
+    assert found.labels[LABEL_RECORD] == str(app.pk)
+    assert docker_client.networks.get(net_name).attrs["Labels"][LABEL_RECORD] == str(net.pk)
+    assert ready_job.outputs["exit_code"] == 0
+    assert ready_job.outputs["stdout_tail"] == "hello from the job"
+    from apps.observability.selectors import log_lines
+
+    job_log = {(line.stream, line.message) for line in log_lines(record=job, include_descendants=False)}
+    assert {("stdout", "hello from the job"), ("stderr", "oops")} <= job_log
+    app_log = [line.message for line in log_lines(record=app, include_descendants=False)]
+    assert "app is up" in app_log
+
+    # A create run again (a retry after a crash) finds the objects by label and adopts them.
+    again_net = get_kind("docker.network").create(Record.objects.get(pk=net.pk))
+    again_app = get_kind("docker.container").create(Record.objects.get(pk=app.pk))
+    assert again_net["adopted"] is True
+    assert again_net["id"] == ready_net.outputs["id"]
+    assert again_app["adopted"] is True
+    assert again_app["id"] == ready_app.outputs["id"]
+    assert counts(docker_client, [net, app, job]) == {"containers": 2, "networks": 1, "volumes": 0, "images": 0}
+
+    # Removed behind Graphene's back: the observation (through the agent) sees it gone, heals it.
+    docker_client.api.remove_container(ready_app.outputs["id"], force=True)
+    observed = records.records_observe(record_ids=[app.pk])
+    assert observed["healing"] == 1, observed
+    wait_for(lambda: Record.objects.get(pk=app.pk).heals == 1, timeout=60, what="the heal")
+    healed = wait_phase(app, Phase.READY, timeout=60)
+    assert healed.outputs["id"] != ready_app.outputs["id"]
+    assert docker_client.containers.get(healed.outputs["id"]).status == "running"
+    assert counts(docker_client, app)["containers"] == 1
+
+    # Deleting the agent deletes its objects first, through the agent.
+    records.record_delete_request(record=agent)
+    for record in (app, job, net, agent):
+        wait_phase(record, Phase.DELETED, timeout=60)
+    assert counts(docker_client, [net, app, job]) == {"containers": 0, "networks": 0, "volumes": 0, "images": 0}
+    for record in (app, job, net):
+        methods = [c.payload.get("kwargs", {}).get("method") for c in commands_of(record)]
+        assert "DELETE" in methods, (record, methods)
+        assert not Event.objects.filter(record=record, reason="DeletionAbandoned").exists()
+    # Every command was taken by the worker that waited for it; none is left open.
+    assert not AgentCommand.objects.filter(agent=agent, status__in=["queued", "sent", "running"]).exists()
+
+
+def test_an_image_imported_on_an_agents_machine(
+    agents: Callable[..., tuple[Record, AgentProcess]],
+    worker: Worker,
+    docker_client: docker.DockerClient,
+    tmp_path: Path,
+) -> None:
+    """The root file system tar is on the server; it is uploaded in pieces through the agent."""
+    agent, _process = agents("imports")
+    wait_phase(agent, Phase.READY)
+    tar = _rootfs_tar(tmp_path)
+    image = declare(agent, "image", "box", rootfs_tar=str(tar), changes=['CMD ["/bin/sh"]'])
+    ready = wait_phase(image, Phase.READY, timeout=90)
+    pieces = report(f"image import ({tar.stat().st_size} bytes of tar)", image)
+    assert pieces > tar.stat().st_size // (360 * 1024)
+    assert ready.outputs["reference"] in docker_client.images.get(ready.outputs["id"]).tags
+    records.record_delete_request(record=agent)
+    wait_phase(image, Phase.DELETED, timeout=60)
+    wait_phase(agent, Phase.DELETED, timeout=30)
+    assert counts(docker_client, image)["images"] == 0
+
+
+def test_a_create_waits_for_an_agent_that_is_away(
+    agents: Callable[..., tuple[Record, AgentProcess]],
+    worker: Worker,
+    docker_client: docker.DockerClient,
+) -> None:
+    agent, process = agents("away")
+    wait_phase(agent, Phase.READY)
+    process.stop()
+    wait_for(lambda: Agent.objects.get(pk=agent.pk).session is None, what="the disconnect")
+
+    net = declare(agent, "network", "later")
+    time.sleep(4)  # several tries while the agent is away
+    waiting = Record.objects.get(pk=net.pk)
+    assert waiting.phase in (Phase.PENDING, Phase.CREATING), waiting.phase
+    assert waiting.attempts == 0  # waiting for the machine is not a failed attempt
+    assert not AgentCommand.objects.filter(waiting_record_id=net.pk).exists()  # nothing queued for later
+    assert counts(docker_client, net)["networks"] == 0
+
+    process.start()
+    ready = wait_phase(net, Phase.READY, timeout=60)
+    assert ready.outputs["adopted"] is False
+    assert counts(docker_client, net)["networks"] == 1
+    records.record_delete_request(record=agent)
+    wait_phase(net, Phase.DELETED, timeout=60)
+    assert counts(docker_client, net)["networks"] == 0
