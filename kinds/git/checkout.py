@@ -1,4 +1,11 @@
-"""The ``git.checkout`` kind: a working tree of a repository at a ref, in a directory on the server.
+"""The ``git.checkout`` kind: a working tree of a repository at a ref, in a directory on the
+server or on an agent's machine (``agent`` in the spec: an absolute ``path`` there).
+
+What is done to the directory is ``kinds.git._checkout_op.checkout_op``, one self-contained
+function: called here for the server's checkouts, sent as a ``call`` command for an agent's
+(``kinds._on_agent``; *sealed* when it carries a credential). This module decides where
+(the path), with what (the spec, the secret's value, the commit a heal returns to) and maps
+the function's errors to ``PermanentError`` / ``KindError``.
 
 Marker (I4): the file ``.git/graphene-record`` holding the record id. A directory at the path
 without it (or with another record's id) is a stranger's: never adopted, never deleted.
@@ -36,8 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from kinds import Drift, Kind, KindError, Marked, Observed, PermanentError
+from kinds import Drift, Kind, KindError, Marked, NotYet, Observed, PermanentError
+from kinds._on_agent import OBSERVE_WAIT_SECONDS, Abandoned, abandon, agent_state, run_on_agent
 from kinds.git import cli
+from kinds.git._checkout_op import checkout_op
 from kinds.git.auth import credentials
 
 if TYPE_CHECKING:
@@ -68,15 +77,26 @@ def target_path(record: Record) -> Path:
     return target
 
 
+def machine_path(record: Record) -> str:
+    """The checkout's directory on its agent's machine: ``path``, absolute and normalized."""
+    path = str(record.spec.get("path") or "")
+    if not path.startswith("/"):
+        raise PermanentError(
+            f"a checkout on an agent's machine needs an absolute path (e.g. /srv/build/src), not {path!r}"
+        )
+    normal = os.path.normpath(path)
+    if normal == "/":
+        raise PermanentError("path must name a directory for the checkout, not /")
+    return normal
+
+
 def tmp_path(target: Path, record_id: str) -> Path:
     return target.with_name(f".{target.name}{TMP_INFIX}{record_id}")
 
 
 def read_marker(target: Path) -> str | None:
-    try:
-        return (target / ".git" / MARKER).read_text().strip() or None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    found = checkout_op("marker", str(target), "")
+    return str(found["record"]) if found else None
 
 
 def _remove_tree(path: Path) -> None:
@@ -97,28 +117,30 @@ def converged_to(record: Record) -> tuple[str, str | None] | None:
     return None
 
 
-def _kind_error(exc: cli.GitError) -> KindError:
-    return PermanentError(str(exc)) if exc.permanent else KindError(str(exc))
+def _previous(record: Record, agent_id: str | None) -> str:
+    """Where an earlier generation converged, if on the same machine (else ``""``)."""
+    outputs = record.outputs or {}
+    if (outputs.get("agent") or None) != (agent_id or None):
+        return ""  # another machine's: a checkout does not move between machines (see README)
+    return str(outputs.get("path") or "")
 
 
-def _fetched(git_dir: Path) -> tuple[str, str | None]:
-    """The object ``git fetch`` got for the one ref it was given, and the branch name if the
-    ref was a branch (from ``FETCH_HEAD``: ``<sha>\\t<flag>\\tbranch 'main' of <url>``)."""
-    lines = [line for line in (git_dir / "FETCH_HEAD").read_text().splitlines() if line.strip()]
-    if not lines:
-        raise KindError("git fetch wrote no FETCH_HEAD")
-    sha, _flag, description = [*lines[0].split("\t"), "", ""][:3]
-    branch = None
-    if description.startswith("branch '"):
-        branch = description[len("branch '") :].rsplit("' of ", 1)[0]
-    return sha, branch
+def _local(op: str, path: str, record_id: str, options: dict[str, Any] | None = None, password: str = "") -> Any:
+    """``checkout_op`` in this process, its errors as the kind's."""
+    try:
+        return checkout_op(op, path, record_id, options, password)
+    except (ValueError, FileExistsError) as exc:
+        raise PermanentError(str(exc)) from None
+    except RuntimeError as exc:
+        raise KindError(str(exc)) from None
 
 
 class CheckoutKind(Kind):
     name = "git.checkout"
     description = (
-        "A git working tree on the Graphene server (under GRAPHENE_DATA_DIR/checkouts) at a branch, tag or "
-        "commit, optionally pinned to an expected commit, shallow, with submodules; marked .git/graphene-record."
+        "A git working tree at a branch, tag or commit, on the Graphene server (under "
+        "GRAPHENE_DATA_DIR/checkouts) or on an agent's machine, optionally pinned to an expected commit, "
+        "shallow, with submodules; marked .git/graphene-record."
     )
     drift_interval = timedelta(seconds=60)
     spec_schema = {
@@ -147,7 +169,15 @@ class CheckoutKind(Kind):
             "path": {
                 "type": "string",
                 "minLength": 1,
-                "description": "directory relative to the checkouts root (default: the record id)",
+                "description": (
+                    "on the server: a directory relative to the checkouts root (default: the record id); "
+                    "on an agent's machine: an absolute directory (required)"
+                ),
+            },
+            "agent": {
+                "type": "string",
+                "format": "uuid",
+                "description": "the agent record whose machine holds the checkout (absent: the server)",
             },
             "auth": {
                 "type": "object",
@@ -170,123 +200,67 @@ class CheckoutKind(Kind):
 
     def create(self, record: Record) -> dict[str, Any]:
         spec = record.spec
-        record_id = str(record.id)
-        target = target_path(record)
+        agent_id = spec.get("agent")
+        target = machine_path(record) if agent_id else str(target_path(record))
         url = str(spec["repository"])
         if cli.url_has_credentials(url):  # the schema refuses these; a spec from before it did not
             raise PermanentError("the repository URL carries credentials; pass them as auth (a secret name)")
-        adopted = target.exists() or target.is_symlink()
-        if adopted:
-            owner = read_marker(target) if target.is_dir() and not target.is_symlink() else None
-            if owner != record_id:
-                whose = f"record {owner}" if owner else "no Graphene record"
-                raise PermanentError(f"{target} already exists and belongs to {whose}; refusing to adopt it")
         try:
+            # Read here, at the point of use (I7); a missing secret or auth for a URL that cannot
+            # use it fails before anything is touched.
             creds = credentials(spec.get("auth"), spec.get("username"))
             if creds is not None:
-                cli.credential_scope(url)  # auth for a URL that cannot use it: fail before touching disk
-            if not adopted:
-                self._init(target, record_id)
-            outputs = self._converge(target, spec, creds, converged_to(record))
+                cli.credential_scope(url)
         except cli.GitError as exc:
-            raise _kind_error(exc) from None
-        self._remove_moved(record, target)
-        return {**outputs, "adopted": adopted}
-
-    def _remove_moved(self, record: Record, target: Path) -> None:
-        """A new generation with another ``path``: the previous directory (ours) goes."""
-        previous = (record.outputs or {}).get("path")
-        if previous and Path(previous) != target:
-            self._remove(Path(previous), str(record.id))
-
-    def _init(self, target: Path, record_id: str) -> None:
-        """An empty marked repository at ``target``, made aside and renamed into place."""
-        tmp = tmp_path(target, record_id)
-        _remove_tree(tmp)  # a crashed attempt of ours
-        target.parent.mkdir(parents=True, exist_ok=True)
-        cli.run(["init", "--quiet", str(tmp)])
-        (tmp / ".git" / MARKER).write_text(record_id + "\n")
-        if target.exists():  # appeared since we looked: a stranger's after all
-            _remove_tree(tmp)
-            raise PermanentError(f"{target} appeared while the checkout was being made; refusing to adopt it")
-        os.rename(tmp, target)
-
-    def _converge(
-        self,
-        target: Path,
-        spec: dict[str, Any],
-        creds: cli.Credentials | None,
-        converged: tuple[str, str | None] | None,
-    ) -> dict[str, Any]:
-        url = str(spec["repository"])
-        ref = str(spec.get("ref") or "HEAD")
-        depth = spec.get("depth")
-        expected = spec.get("expected_commit")
-
-        def remote(args: list[str]) -> None:
-            cli.run(args, cwd=target, url=url, credentials=creds, timeout=cli.NETWORK_TIMEOUT)
-
-        cli.run(["config", "remote.origin.url", url], cwd=target)
-        fetch = ["fetch", "--quiet", "--no-tags"]  # the ref itself, resolved through FETCH_HEAD below
-        if depth:
-            fetch.append(f"--depth={int(depth)}")
-        if converged is not None:
-            # A heal: back to the commit this generation converged to (what drift is measured
-            # against), not to wherever the ref points now. Fetched only if it is not here
-            # (the directory was gone): by sha, else through the ref, which may still reach it.
-            commit, branch = converged
-            if cli.rev_parse(target, commit) is None:
-                try:
-                    remote([*fetch, "origin", commit])
-                except cli.GitError:
-                    remote([*fetch, "origin", ref])
-            if cli.rev_parse(target, commit) is None:
-                raise PermanentError(f"commit {commit} (the checkout's) can no longer be fetched from {url}")
-        else:
-            remote([*fetch, "origin", ref])
-            fetched, branch = _fetched(target / ".git")
-            resolved = cli.rev_parse(target, fetched)
-            if resolved is None:
-                raise PermanentError(f"ref {ref!r} of {url} names {fetched}, which is not a commit")
-            commit = resolved
-        if expected and commit != expected:
-            raise PermanentError(
-                f"ref {ref!r} of {url} resolved to {commit}, not the expected commit {expected}; "
-                "the working tree was left as it was"
-            )
-        if branch:
-            # A local branch of the same name, tracking origin's: a commit can be pushed back.
-            cli.run(["checkout", "--quiet", "--force", "-B", branch, commit], cwd=target)
-            cli.run(["config", f"branch.{branch}.remote", "origin"], cwd=target)
-            cli.run(["config", f"branch.{branch}.merge", f"refs/heads/{branch}"], cwd=target)
-            cli.run(["update-ref", f"refs/remotes/origin/{branch}", commit], cwd=target)
-        else:
-            cli.run(["checkout", "--quiet", "--force", "--detach", commit], cwd=target)
-        if spec.get("submodules"):
-            cli.run(["submodule", "sync", "--quiet", "--recursive"], cwd=target)
-            remote(["submodule", "update", "--init", "--recursive", "--force", "--quiet"])
-        head = cli.rev_parse(target, "HEAD")
-        return {"path": str(target), "commit": head, "ref": ref, "branch": branch}
+            raise (PermanentError(str(exc)) if exc.permanent else KindError(str(exc))) from None
+        converged = converged_to(record)
+        options = {
+            "repository": url,
+            "ref": str(spec.get("ref") or "HEAD"),
+            "depth": spec.get("depth"),
+            "expected_commit": spec.get("expected_commit"),
+            "submodules": bool(spec.get("submodules")),
+            "username": creds.username if creds is not None else None,
+            "converged": list(converged) if converged is not None else None,
+            "previous": _previous(record, agent_id),
+        }
+        args: list[Any] = ["create", target, str(record.id), options, creds.password if creds is not None else ""]
+        if agent_id:
+            # The arguments carry the secret's value: the command is stored sealed (I7).
+            outputs = run_on_agent(record, agent_id, "create", checkout_op, args, sealed=creds is not None)
+            return {**outputs, "agent": agent_id}
+        outputs = _local(*args)
+        assert outputs is not None
+        return dict(outputs)
 
     # --- observe and diff ----------------------------------------------------------------------
 
     def observe(self, record: Record) -> Observed | None:
-        target = self._own_path(record)
-        if target is None:
-            return None
+        agent_id = record.spec.get("agent")
+        ref = record.spec.get("ref") or "HEAD"
+        if agent_id:
+            try:
+                target = machine_path(record)
+            except PermanentError:
+                return None  # an invalid path never produced a directory
+            _agent, state = agent_state(agent_id)
+            if state is None or state.session is None:
+                raise NotYet("the agent is not connected")  # its own record says so; look again later
+            found = run_on_agent(
+                record,
+                agent_id,
+                "observe",
+                checkout_op,
+                ["observe", target, str(record.id)],
+                wait=OBSERVE_WAIT_SECONDS,
+            )
+            return None if found is None else Observed({**found, "ref": ref, "agent": agent_id})
         try:
-            head = cli.rev_parse(target, "HEAD")
-            status = cli.run(["status", "--porcelain", "--untracked-files=no"], cwd=target)
-        except cli.GitError as exc:
-            raise _kind_error(exc) from None
-        return Observed(
-            {
-                "path": str(target),
-                "commit": head,
-                "ref": record.spec.get("ref") or "HEAD",
-                "dirty": bool(status.stdout.strip()),
-            }
-        )
+            path = target_path(record)
+        except PermanentError:
+            return None  # an invalid path never produced a directory
+        found = _local("observe", str(path), str(record.id))
+        return None if found is None else Observed({**found, "ref": ref})
 
     def diff(self, record: Record, observed: Observed) -> list[Drift]:
         want = record.outputs.get("commit") or record.spec.get("expected_commit")
@@ -297,36 +271,26 @@ class CheckoutKind(Kind):
             drifts.append(Drift("dirty", False, True))
         return drifts
 
-    def _own_path(self, record: Record) -> Path | None:
-        """The checkout's directory if it exists and carries this record's marker."""
-        try:
-            target = target_path(record)
-        except PermanentError:
-            return None  # an invalid path never produced a directory
-        if target.is_symlink() or not target.is_dir() or read_marker(target) != str(record.id):
-            return None
-        return target
-
     # --- delete and sweep ----------------------------------------------------------------------
 
     def delete(self, record: Record) -> None:
-        previous = (record.outputs or {}).get("path")
-        if previous:  # where it converged last (a later generation may name another path)
-            self._remove(Path(previous), str(record.id))
+        # Where it converged last (a later generation may name another path) and where it is.
+        agent_id = record.spec.get("agent")
+        previous = _previous(record, agent_id)
         try:
-            target = target_path(record)
+            target = machine_path(record) if agent_id else str(target_path(record))
         except PermanentError:
-            return  # an invalid path never produced a directory
-        self._remove(target, str(record.id))
-
-    def _remove(self, target: Path, record_id: str) -> None:
-        aside = tmp_path(target, record_id)
-        if not target.is_symlink() and target.is_dir() and read_marker(target) == record_id:
-            # Renamed aside (ours by name) first: a crash midway leaves no unmarked remains at
-            # the path, and the retry (or the sweeper) finds the aside directory by its name.
-            _remove_tree(aside)
-            os.rename(target, aside)
-        _remove_tree(aside)
+            target = ""  # an invalid path never produced a directory
+        if not target and not previous:
+            return
+        args: list[Any] = ["remove", target, str(record.id), {"previous": previous}]
+        if not agent_id:
+            _local(*args)
+            return
+        try:
+            run_on_agent(record, agent_id, "remove", checkout_op, args, deleting=True)
+        except Abandoned as exc:
+            abandon(record, exc, left=f"the checkout {target or previous}")
 
     def sweep(self) -> Iterable[Marked]:
         base = root()
@@ -356,4 +320,4 @@ class CheckoutKind(Kind):
             return
         marker = read_marker(path)
         if marker:
-            self._remove(path, marker)
+            _local("remove", str(path), marker)

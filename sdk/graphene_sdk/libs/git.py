@@ -11,7 +11,8 @@
     git.tag(ctx, path, "v1.2.0", message="release", auth=ctx.secret("git-token"))
 
 ``checkout`` declares a ``git.checkout`` record (see ``kinds/git/README.md``): a directory
-on the Graphene server, owned by the run like any resource and deleted with it. The actions
+on the Graphene server or, with ``on=agent``, on that agent's machine, owned by the run (or
+the declared agent) like any resource and deleted with it. The actions
 run ``git`` on the worker inside ``ctx.step``: each is journaled, and a replay returns the
 recorded result without running git again. Steps are at least once, and the actions are
 written to converge when repeated (an existing tag on the same commit, nothing left to
@@ -27,15 +28,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from graphene_sdk._context import Context, DriftPolicy, Resource
+from graphene_sdk._context import Agent, AttachedAgent, Context, DriftPolicy, Resource
 from graphene_sdk._secrets import SecretRef
 
 __all__ = ["checkout", "commit", "ls_remote", "tag"]
 
 KIND = "git.checkout"
+SERVER: Literal["server"] = "server"
 
 
 def _check_repository(repository: str) -> None:
@@ -72,16 +74,22 @@ def checkout(
     path: str | None = None,
     auth: SecretRef | None = None,
     username: str | None = None,
+    on: Agent | AttachedAgent | Literal["server"] = SERVER,
     parent: Resource | None = None,
     reconcile_every: timedelta | float | None = None,
     on_drift: DriftPolicy | None = None,
 ) -> Resource:
-    """Declare a working tree of ``repository`` at ``ref`` on the Graphene server.
+    """Declare a working tree of ``repository`` at ``ref`` on the Graphene server or, with
+    ``on=agent``, on that agent's machine.
 
     ``ref`` is a branch, a tag, a full ref name, a commit sha or ``HEAD`` (the remote's
     default branch). ``expected_commit`` pins it: a ref that resolves to another commit fails
     the record, naming both. ``depth`` fetches shallowly; ``submodules`` checks them out too.
-    ``path`` is relative to the server's checkouts root (default: the record's id).
+    ``path`` is relative to the server's checkouts root (default: the record's id); on an
+    agent's machine it is an absolute directory there, and required. A checkout on a machine
+    this run declared (``ctx.agent``) is owned by the agent's record unless ``parent`` says
+    otherwise, so it is removed before the agent goes. The agent runs git itself (the machine
+    needs git >= 2.31); ``auth``'s value travels to it in a sealed (encrypted) command.
 
     Ready outputs: ``path``, ``commit`` (the sha checked out), ``ref``, ``branch`` (the local
     branch for a branch ref, else ``None``). The checkout is observed every minute (or
@@ -91,6 +99,10 @@ def checkout(
     commit to.
     """
     _check_repository(repository)
+    if not isinstance(on, Agent | AttachedAgent) and on != SERVER:
+        raise ValueError(f"on is 'server' or an agent handle (ctx.agent, ctx.attach_agent...), not {on!r}")
+    if isinstance(on, Agent | AttachedAgent) and (not isinstance(path, str) or not path.startswith("/")):
+        raise ValueError(f"a checkout on an agent's machine needs an absolute path (e.g. /srv/build/src), not {path!r}")
     if not isinstance(ref, str) or not ref or ref.startswith("-") or any(c.isspace() for c in ref):
         raise ValueError(f"ref must be a branch, tag, commit or HEAD, got {ref!r}")
     spec: dict[str, Any] = {"repository": repository, "ref": ref, "submodules": bool(submodules)}
@@ -109,6 +121,10 @@ def checkout(
         if secret is None:
             raise ValueError("username is sent with auth; pass auth=ctx.secret('<name>') too")
         spec["username"] = username
+    if isinstance(on, Agent | AttachedAgent):
+        spec["agent"] = on.id
+        if isinstance(on, Agent) and parent is None:
+            parent = on  # removed before the agent goes (an attached agent is not this run's)
     options: dict[str, Any] = {}
     # Only when given: the declaration's own defaults apply otherwise.
     if reconcile_every is not None:
