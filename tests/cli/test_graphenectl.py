@@ -310,6 +310,7 @@ def test_watching_prints_changes_until_ctrl_c(server: Server, ctl: Ctl) -> None:
 def test_transfer_extend_release_and_the_stand(server: Server, ctl: Ctl) -> None:
     first, second = stand(ctl), stand(ctl)
     rid = ctl.ok("apply", "test.sleep", "moved", "--owner", first).out.strip().removeprefix("record/")
+    wait_ready(server, rid)  # settled: the two reads below must not straddle its convergence
 
     moved = ctl.ok("transfer", rid, "--to", second, "--from", first, "--keep-for", "1h", "-o", "json").json()
     assert moved["owner"] == second
