@@ -155,6 +155,10 @@ def run_on_agent(
 
     agent, state = agent_state(agent_id)
     what = f"{op} on agent {agent.name if agent is not None else agent_id}"
+    if not deleting:
+        # A command sent for an earlier spec (still queued for an agent that was away) must not
+        # answer for this one: what it wrote is not what the record now says.
+        op = f"{op}@{record.generation}"
     command = _pending(record, op)
     if command is None and deleting:
         done = _done_since_deletion(record, op)

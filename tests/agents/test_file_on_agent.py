@@ -3,6 +3,7 @@ given up on (with an event) when the machine is gone for good (real agent, web, 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,7 @@ def test_a_secret_file_on_the_machine_is_never_stored_in_the_clear(
     )
     wait_phase(record, Phase.READY)
     assert path.read_text() == "hunter2-very-secret"
-    command = AgentCommand.objects.get(waiting_record_id=record.pk, operation="write")
+    command = AgentCommand.objects.get(waiting_record_id=record.pk, operation="write@1")
     assert set(command.payload) == {"$sealed", "name"}
     for stored in (command.payload, Record.objects.get(pk=record.pk).outputs, command.result):
         assert "hunter2" not in str(stored)
@@ -175,3 +176,37 @@ def test_a_secret_file_on_the_machine_is_never_stored_in_the_clear(
     shown = api.get(f"/api/v1/agents/{agent.pk}/commands/{command.pk}/")
     assert shown.status_code == 200, shown.content
     assert shown.json()["payload"]["$sealed"] == "<encrypted>"
+
+
+def test_a_spec_changed_while_the_machine_was_away_is_what_ends_up_on_it(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path
+) -> None:
+    agent, process = agents("away")
+    wait_phase(agent, Phase.READY)
+    process.stop()
+    wait_for(lambda: Agent.objects.get(pk=agent.pk).session is None, what="the disconnect")
+    path = tmp_path / "app.conf"
+    record = declare_file(agent, path, "version=1\n")
+    wait_for(
+        lambda: AgentCommand.objects.filter(waiting_record_id=record.pk, operation="write@1").exists(),
+        what="the first write to be queued for the machine",
+    )
+    records.record_declare(
+        kind="file",
+        name=path.name,
+        owner=agent,
+        spec={"path": str(path), "content": "version=2\n", "mode": 0o640, "agent": str(agent.pk)},
+    )
+    wait_for(
+        lambda: AgentCommand.objects.filter(waiting_record_id=record.pk, operation="write@2").exists(),
+        what="the second write to be queued",
+    )
+    process.start()
+    ready = wait_for(
+        lambda: Record.objects.filter(pk=record.pk, phase=Phase.READY, observed_generation=2).first(),
+        timeout=60,
+        what="the record to converge to its second spec",
+    )
+    assert ready is not None
+    assert path.read_text() == "version=2\n"
+    assert ready.outputs["digest"] == "sha256:" + hashlib.sha256(b"version=2\n").hexdigest()

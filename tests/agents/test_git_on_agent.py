@@ -44,7 +44,9 @@ def declare(agent: Record, path: Path | str, name: str = "src", **spec: Any) -> 
 
 
 def calls(record: Record, operation: str) -> list[AgentCommand]:
-    return list(AgentCommand.objects.filter(waiting_record_id=record.pk, kind="call", operation=operation))
+    """The call commands of ``operation`` for the record (of any generation: ``create@2``)."""
+    commands = AgentCommand.objects.filter(waiting_record_id=record.pk, kind="call")
+    return [c for c in commands if c.operation.split("@")[0] == operation]
 
 
 def test_a_checkout_on_a_machine_is_made_healed_and_removed_by_its_agent(
