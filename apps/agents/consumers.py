@@ -144,6 +144,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             )
             self.cancels_sent.discard(str(message["id"]))
             await self.send_json({"type": "ack", "id": message["id"], "result": True})
+            await self._deliver(everything=False)  # a command held back behind this one may go now
         elif kind in ("pty_opened", "pty_output", "pty_exit"):
             await self._pty_from_agent(kind, message)
         else:

@@ -837,6 +837,11 @@ def commands_deliver(*, record_id: Any, session: uuid.UUID, everything: bool) ->
     ``everything`` (right after the hello): also re-send every command already sent, since
     the agent may not have it, or has finished it and its result was lost with the old
     connection. The agent answers a known id from its journal instead of running it again.
+
+    Commands that serve one record (``waiting_record_id``: operations on one object on the
+    machine) go out one at a time, in order: the agent runs commands concurrently, and two
+    writes of one file (an old spec's and a new one's) must not race. The next one is sent
+    when the one before has ended (the gateway delivers again after each result).
     """
     now = _now()
     with transaction.atomic():
@@ -853,10 +858,20 @@ def commands_deliver(*, record_id: Any, session: uuid.UUID, everything: bool) ->
                 agent_id=record_id, status__in=sorted(IN_FLIGHT), cancel_requested_at__isnull=False
             ).values_list("pk", flat=True)
         )
+        busy = set(
+            AgentCommand.objects.filter(
+                agent_id=record_id, status__in=sorted(IN_FLIGHT), waiting_record_id__isnull=False
+            ).values_list("waiting_record_id", flat=True)
+        )
         messages: list[dict[str, Any]] = []
         for command in rows:
             if command.cancel_requested_at is not None:
                 continue  # only the cancel goes out (below): the agent answers it for any id
+            serves = command.waiting_record_id
+            if serves is not None and command.status == CommandStatus.QUEUED:
+                if serves in busy:
+                    continue  # an earlier operation on the same object is still running
+                busy.add(serves)
             try:
                 _unsealed(command)
             except GrapheneError as exc:  # sealed with a key that is gone: it can never be sent
