@@ -4,7 +4,7 @@ The "external object" is the agent's live connection (and, with ``needs`` in the
 capabilities its machine publishes). ``create`` succeeds once the agent is connected (it
 returns the facts of its hello); before that it raises a retryable error, and the gateway
 itself moves the record to ``ready`` the moment the agent says hello (or, with needs, once
-they are published: ``agent_needs_settle``), so a create retry is only a safety net.
+they are published), so a create retry is only a safety net.
 ``delete`` retires the agent (revokes its credentials, ends its commands, tells it to go)
 and never waits for the machine: a machine that is gone for good must not keep its record
 from being deleted.
@@ -53,17 +53,15 @@ class AgentKind(Kind):
 
     def create(self, record: Record) -> dict[str, Any]:
         from apps.agents.models import Agent
+        from apps.agents.selectors import agent_declared_needs_unmet
         from apps.records.models import Record
 
         state = Agent.objects.filter(pk=record.pk).first()
         if state is None or not state.is_connected:
             raise KindError(f"waiting for agent {record.name} to connect (install it with its bootstrap token)")
-        if record.spec.get("needs"):
-            from apps.agents.selectors import agent_needs_unmet
-
-            unmet = agent_needs_unmet(agent=record, needs=record.spec["needs"])
-            if unmet:  # publishing a capability settles it (agent_needs_settle); this is the net
-                raise NotYet(f"agent {record.name} is connected but not ready: {'; '.join(unmet)}", retry_in=60)
+        unmet = agent_declared_needs_unmet(record=record)
+        if unmet:  # publishing a capability settles it (capability_publish); this is the net
+            raise NotYet(f"agent {record.name} is connected but not ready: {'; '.join(unmet)}", retry_in=60)
         # The hello wrote the facts after ``record`` was read: return the row's, not the snapshot's.
         outputs: dict[str, Any] = Record.objects.filter(pk=record.pk).values_list("outputs", flat=True).first() or {}
         return outputs

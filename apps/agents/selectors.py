@@ -136,6 +136,13 @@ def agent_needs_unmet(*, agent: Record, needs: list[dict[str, Any]]) -> list[str
     return unmet
 
 
+def agent_declared_needs_unmet(*, record: Record) -> list[str] | None:
+    """What the needs an agent record was declared with (``spec.needs``) lack on its machine;
+    ``None``: it was declared without needs (its readiness is its connection's)."""
+    needs = (record.spec or {}).get("needs")
+    return agent_needs_unmet(agent=record, needs=needs) if needs else None
+
+
 def agents_select(
     *, labels: dict[str, str] | None = None, needs: list[dict[str, Any]] | None = None, limit: int = 1000
 ) -> list[Record]:

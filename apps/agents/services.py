@@ -440,7 +440,9 @@ def agent_connect(
             "last_error": "",
             "observed_generation": record.generation,
         }
-        unmet = _needs_unmet(record)
+        from apps.agents.selectors import agent_declared_needs_unmet  # selectors import this module
+
+        unmet = agent_declared_needs_unmet(record=record)
         if unmet is not None:
             fields["conditions"] = conditions = _needs_condition(conditions, unmet)
         if record.phase in (Phase.PENDING, Phase.CREATE_FAILED):
@@ -455,16 +457,6 @@ def agent_connect(
             Record.objects.filter(pk=record.pk).update(updated_at=now, **fields)
             publish_on_commit("records", {"event": "records.changed", "ids": [str(record.pk)]})
     return previous
-
-
-def _needs_unmet(record: Record) -> list[str] | None:
-    """What the record's declared needs (``spec.needs``) lack on its machine; ``None``: it has none."""
-    needs = (record.spec or {}).get("needs")
-    if not needs:
-        return None
-    from apps.agents.selectors import agent_needs_unmet
-
-    return agent_needs_unmet(agent=record, needs=needs)
 
 
 def _needs_condition(conditions: Sequence[Mapping[str, Any]], unmet: list[str]) -> list[dict[str, Any]]:
@@ -487,21 +479,22 @@ def _settle(record: Record, fields: dict[str, Any], *, ready: bool, reason: str,
         publish_on_commit("records", {"event": "records.changed", "ids": [str(record.pk)]})
 
 
-def agent_needs_settle(*, record_id: Any) -> None:
-    """Re-decide a connected agent's readiness after what its machine offers changed."""
-    with transaction.atomic():
-        record = Record.objects.select_for_update(no_key=True).filter(pk=record_id).first()
-        if record is None or _retired(record) or record.deletion_requested_at is not None:
-            return
-        unmet = _needs_unmet(record)
-        if unmet is None or not Agent.objects.filter(pk=record.pk, session__isnull=False).exists():
-            return  # no needs (readiness is the connection's), or away (the hello decides)
-        fields: dict[str, Any] = {"conditions": _needs_condition(record.conditions, unmet)}
-        if unmet:
-            _settle(record, fields, ready=False, reason="NeedsUnmet", message="; ".join(unmet))
-        else:
-            fields.update(attempts=0, next_attempt_at=None, last_error="", observed_generation=record.generation)
-            _settle(record, fields, ready=True, reason="NeedsMet", message="the machine publishes every need")
+def _needs_settle(record: Record) -> None:
+    """Re-decide a connected agent's readiness after what its machine offers changed.
+
+    ``record`` is locked by the caller (``capability_publish``) and not being deleted.
+    """
+    from apps.agents.selectors import agent_declared_needs_unmet  # selectors import this module
+
+    unmet = agent_declared_needs_unmet(record=record)
+    if unmet is None or not Agent.objects.filter(pk=record.pk, session__isnull=False).exists():
+        return  # no needs (readiness is the connection's), or away (the hello decides)
+    fields: dict[str, Any] = {"conditions": _needs_condition(record.conditions, unmet)}
+    if unmet:
+        _settle(record, fields, ready=False, reason="NeedsUnmet", message="; ".join(unmet))
+    else:
+        fields.update(attempts=0, next_attempt_at=None, last_error="", observed_generation=record.generation)
+        _settle(record, fields, ready=True, reason="NeedsMet", message="the machine publishes every need")
 
 
 def agent_heartbeat(*, record_id: Any, session: uuid.UUID) -> bool:
@@ -1232,5 +1225,5 @@ def capability_publish(
             message=f"{'publishes' if created else 'updated'} capability {described}",
             data={"name": name, "version": version, "labels": labels, "run": str(published_by or "")},
         )
-        agent_needs_settle(record_id=agent.pk)  # after the event: a phase it moves comes next
+        _needs_settle(current)  # after the event: a phase it moves comes next
     return capability
