@@ -1,12 +1,14 @@
-"""Runs one ``call`` command: ``python -I -c <this module's source> REQUEST RESULT``.
+"""Runs one ``call`` command: ``python -I -c <this module's source> RESULT``, the request on stdin.
 
 The agent starts a fresh, isolated interpreter for each call, so the function cannot disturb
 the agent and its stdout/stderr are the command's output, streamed like ``exec``'s. This
 module is that interpreter's program: it imports nothing of the agent (it runs as a bare
 ``-c`` script), only the standard library, and stays Python 3.9 compatible.
 
-REQUEST (JSON, 0600, written by the agent): ``{"name", "source", "args", "kwargs"}``. The
-source is compiled with postponed annotations (annotations are never evaluated, so they may
+The request is JSON on stdin, ``{"name", "source", "args", "kwargs"}``, written by the agent,
+which then closes stdin. It never touches the disk, since its arguments may hold secrets. It
+is read whole before the function runs, so the function finds stdin at its end, as an
+``exec``'s command does. The source is compiled with postponed annotations (annotations are never evaluated, so they may
 name types that do not exist here) and executed in a fresh module namespace; then
 ``name(*args, **kwargs)`` is called. RESULT (JSON, 0600) is ``{"value": ...}`` or
 ``{"error": type name, "message", "traceback"}`` — also when the function's result is not
@@ -62,9 +64,8 @@ def _raised(exc: BaseException) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    request_path, result_path = argv
-    with open(request_path, encoding="utf-8") as fh:
-        request = json.load(fh)
+    (result_path,) = argv
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     name = str(request["name"])
     source = str(request["source"])
     filename = f"<agent.run {name}>"

@@ -111,6 +111,18 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+async def _feed(process: asyncio.subprocess.Process, data: bytes) -> None:
+    """Write ``data`` to the process's stdin and close it; a process that stops reading is its business."""
+    assert process.stdin is not None
+    try:
+        process.stdin.write(data)
+        await process.stdin.drain()
+        process.stdin.close()
+        await process.stdin.wait_closed()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 class Executor:
     """Runs commands for whichever connection is current (``attach``/``detach``)."""
 
@@ -278,7 +290,8 @@ class Executor:
         state.process = None
         await self._flush(state)
 
-    async def _exec(self, state: Running, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _exec(self, state: Running, payload: dict[str, Any], *, stdin: bytes | None = None) -> dict[str, Any]:
+        """Run ``argv``; ``stdin``, when given, is written to the process and its stdin closed."""
         argv = [str(a) for a in payload.get("argv") or []]
         if not argv:
             raise CommandError("exec needs a non-empty argv")
@@ -287,7 +300,7 @@ class Executor:
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=cwd,
@@ -305,6 +318,7 @@ class Executor:
             asyncio.ensure_future(self._pump(state, "stdout", process.stdout)),
             asyncio.ensure_future(self._pump(state, "stderr", process.stderr)),
         ]
+        feeder = None if stdin is None else asyncio.ensure_future(_feed(process, stdin))
         timed_out = False
         try:
             await asyncio.wait_for(process.wait(), timeout=float(timeout) if timeout else None)
@@ -314,6 +328,8 @@ class Executor:
         except asyncio.CancelledError:  # the agent is shutting down
             await self._kill(process)
             raise
+        if feeder is not None:
+            feeder.cancel()  # done already, unless the process ended without reading it all
         _done, pending = await asyncio.wait(pumps, timeout=DRAIN_SECONDS)
         for pump in pending:  # a leftover child holds the pipe open; stop reading it
             pump.cancel()
@@ -336,7 +352,9 @@ class Executor:
         The interpreter is an ``exec`` of this agent's Python (``-I``: no user site, no
         ``PYTHON*`` variables, not the working directory on ``sys.path``; ``-u``: output streams
         as it is written) running ``call_runner``, so output, timeout and cancel are exec's.
-        The request and the outcome travel through 0600 files in a private directory.
+        The request (which may hold secrets: a checkout's token) goes on the interpreter's
+        stdin and never touches the disk; the outcome comes back through a 0600 file in a
+        private directory.
         """
         name = payload.get("name")
         source = payload.get("source")
@@ -348,16 +366,10 @@ class Executor:
             raise CommandError("call needs the function's source (a str), args (a list) and kwargs (an object)")
         directory = tempfile.mkdtemp(prefix="graphene-call-")  # 0700, this agent's user only
         try:
-            request = os.path.join(directory, "request.json")
             outcome_path = os.path.join(directory, "result.json")
-            document = {"name": name, "source": source, "args": args, "kwargs": kwargs}
-            fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, json.dumps(document).encode())
-            finally:
-                os.close(fd)
-            argv = [sys.executable or "python3", "-I", "-u", "-c", _runner_source(), request, outcome_path]
-            result = await self._exec(state, {"argv": argv, "timeout": payload.get("timeout")})
+            request = json.dumps({"name": name, "source": source, "args": args, "kwargs": kwargs}).encode()
+            argv = [sys.executable or "python3", "-I", "-u", "-c", _runner_source(), outcome_path]
+            result = await self._exec(state, {"argv": argv, "timeout": payload.get("timeout")}, stdin=request)
             if state.cancelled or result.get("timed_out"):
                 return result  # killed: exec's account of it is the whole story
             outcome = _read_outcome(outcome_path)

@@ -198,6 +198,34 @@ def test_files_put_and_get(agents: Agents, tmp_path: Path) -> None:
     assert "cannot read" in missing.error
 
 
+CALL_LOOKS_AROUND = """
+def look(secret):
+    import glob, os, sys, tempfile
+    found = []
+    for directory in glob.glob(os.path.join(tempfile.gettempdir(), "graphene-call-*")):
+        for name in os.listdir(directory):
+            with open(os.path.join(directory, name), "rb") as fh:
+                if secret.encode() in fh.read():
+                    found.append(name)
+    return {"files_with_the_secret": found, "stdin": sys.stdin.read(), "argv_has_it": secret in " ".join(sys.argv)}
+"""
+
+
+def test_a_call_gets_its_arguments_on_stdin_and_never_on_the_disk(agents: Agents) -> None:
+    """A call's arguments may hold a token (a git checkout's auth): they reach the function
+    through its interpreter's stdin, never a file or argv, and the function finds stdin ended."""
+    record, _ = agents("calls")
+    wait_phase(record, Phase.READY)
+    secret = "tok-" + os.urandom(8).hex()
+    done = wait_command(
+        services.command_submit(
+            agent=record, kind="call", payload={"name": "look", "source": CALL_LOOKS_AROUND, "args": [secret]}
+        )
+    )
+    assert done.status == CommandStatus.SUCCEEDED, done.error
+    assert done.result["value"] == {"files_with_the_secret": [], "stdin": "", "argv_has_it": False}
+
+
 def test_reconnect_with_backoff_delivers_a_queued_command_once(agents: Agents, web: WebServer, tmp_path: Path) -> None:
     record, agent = agents("resilient")
     wait_phase(record, Phase.READY)
