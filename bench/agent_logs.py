@@ -205,11 +205,14 @@ def live(subscriber: Subscriber, expected: int, *, timeout: float = 120) -> list
 
 
 def database_cpu_seconds() -> dict[int, float]:
-    """CPU so far of each PostgreSQL backend serving the benchmark's database (a local server)."""
+    """CPU so far of each PostgreSQL backend serving the benchmark's database (a local server),
+    but this process's own (its checks are not the product's work)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         return {pid: process_cpu_seconds(pid) for (pid,) in cursor.fetchall()}
 
 
@@ -244,11 +247,13 @@ def main() -> None:
             cpu0 = (process_cpu_seconds(web.proc.pid), process_cpu_seconds(agent.proc.pid))
             db0 = database_cpu_seconds()
             burst_cmd = run_command(agent, script(BURST, n=args.lines), timeout=600)
-            burst = stored(burst_cmd, args.lines)
+            seen = live(subscriber, args.lines)
+            # CPU after the subscriber saw every line (the stream's share counted whole), and
+            # before this process's own checks below (its backend is not counted either).
             cpu1 = (process_cpu_seconds(web.proc.pid), process_cpu_seconds(agent.proc.pid))
             db1 = database_cpu_seconds()
             db_cpu = sum(cpu - db0.get(pid, 0.0) for pid, cpu in db1.items())
-            seen = live(subscriber, args.lines)
+            burst = stored(burst_cmd, args.lines)
             first_produced = min(p for _i, p, _s in seen)
             live_rate = args.lines / (max(s for _i, _p, s in seen) - first_produced)
             log(
