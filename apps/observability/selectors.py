@@ -15,7 +15,7 @@ from django.db.models import QuerySet
 
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
-from apps.observability.services import METRIC_NAME, SEVERITIES
+from apps.observability.services import LOG_WRITER_LOCKS, METRIC_NAME, SEVERITIES, log_sequence
 from apps.observability.tracing import run_span_id, trace_id_of
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Run
@@ -49,6 +49,26 @@ def log_lines(
     if until:
         qs = qs.filter(at__lt=until)
     return qs.select_related("record").order_by("id")
+
+
+def log_horizon() -> int | None:
+    """The highest line id a live stream may send now (``services.LOG_WRITER_LOCKS`` says
+    why): no line at or below it can still appear. ``None``: no bound (SQLite)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        # The last id taken first: a writer that announces after this line takes higher ids.
+        cursor.execute("SELECT coalesce(pg_sequence_last_value(%s::regclass), 0)", [log_sequence(connection)])
+        (taken,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT min(((classid::bigint << 32) | objid::bigint) - %s) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND objsubid = 1 AND classid::bigint >= %s AND classid::bigint < %s"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND pid <> pg_backend_pid()",  # its own lines, committed or not, this session sees
+            [LOG_WRITER_LOCKS, LOG_WRITER_LOCKS >> 32, (LOG_WRITER_LOCKS >> 32) + (1 << 8)],
+        )
+        (announced,) = cursor.fetchone()
+    return int(taken) if announced is None else min(int(taken), int(announced))
 
 
 # --- metric series ----------------------------------------------------------------------------

@@ -28,15 +28,62 @@ PURGE_BATCH = 10_000
 PURGE_ROUNDS = 50
 
 
+# --- the live stream's horizon ----------------------------------------------------------------
+#
+# A live log stream follows lines by id, and an id is taken when its line is inserted but
+# seen only when its transaction commits: two writers commit in either order, so a stream
+# that moved past a later id would never send an earlier one committed after it. Each
+# transaction that writes lines therefore announces, before it takes an id, the last id
+# taken so far: a shared advisory lock (held to its end, visible to every session at once)
+# whose key is that id in LOG_WRITER_LOCKS' key space. A stream sends only lines up to
+# ``observability.selectors.log_horizon``: below every announcement still held, and below
+# the last id taken before it looked (a writer announcing later takes higher ids). Writers
+# never wait on each other; the sequence must keep its default cache of 1.
+LOG_WRITER_LOCKS = 0x6C6F67 << 40  # "log": keys LOG_WRITER_LOCKS + id, ids below 2**40
+_LOG_SEQUENCE: list[str] = []
+
+
+def log_sequence(connection: Any) -> str:
+    """The name of the sequence that numbers log lines (PostgreSQL); never called, it has
+    taken none (``pg_sequence_last_value`` is null, and the first id is 1)."""
+    if not _LOG_SEQUENCE:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [LogLine._meta.db_table])
+            _LOG_SEQUENCE.append(cursor.fetchone()[0])
+    return _LOG_SEQUENCE[0]
+
+
+def _announce_writer() -> None:
+    """Announce this transaction as a log writer, once (a transaction-local setting says it did)."""
+    connection = transaction.get_connection()
+    if connection.vendor != "postgresql":
+        return  # SQLite: one writer at a time, which commits before the next takes an id
+    sequence = log_sequence(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock_shared(%s + coalesce(pg_sequence_last_value(%s::regclass), 0)),"
+            "  set_config('graphene.log_writer', 'on', true) "
+            "WHERE current_setting('graphene.log_writer', true) IS DISTINCT FROM 'on'",
+            [LOG_WRITER_LOCKS, sequence],
+        )
+
+
 def log_write(
     *, record_id: Any, message: str, severity: str = "info", source: str = "", stream: str = "stdout"
 ) -> LogLine:
     """Append a line to a record's log."""
     if severity not in SEVERITIES:
         severity = "info"
-    return LogLine.objects.create(
-        record_id=record_id, at=timezone.now(), stream=stream, severity=severity, source=source[:120], message=message
-    )
+    with transaction.atomic(savepoint=False):
+        _announce_writer()
+        return LogLine.objects.create(
+            record_id=record_id,
+            at=timezone.now(),
+            stream=stream,
+            severity=severity,
+            source=source[:120],
+            message=message,
+        )
 
 
 @dataclass(frozen=True)
@@ -74,14 +121,17 @@ def _copy_value(value: str, *, newlines: bool = True) -> str:
 
 
 def _copy_lines(rows: Iterable[str]) -> None:
-    """Send COPY text-format rows (each ending in a newline) in one ``COPY`` on PostgreSQL."""
+    """Send COPY text-format rows (each ending in a newline) in one ``COPY`` on PostgreSQL,
+    announced (``_announce_writer``) in the caller's transaction, or in one of its own."""
     statement = f"COPY {LogLine._meta.db_table} ({', '.join(LOG_COLUMNS)}) FROM STDIN"
     connection = transaction.get_connection()
     # errors="replace": a lone surrogate (only a broken client can send one) must not make a
     # chunk unstorable, or its sender would re-send it forever.
     data = "".join(rows).encode("utf-8", "replace")
-    with connection.cursor() as wrapper, wrapper.cursor.copy(statement) as copy:
-        copy.write(data)
+    with transaction.atomic(savepoint=False):
+        _announce_writer()
+        with connection.cursor() as wrapper, wrapper.cursor.copy(statement) as copy:
+            copy.write(data)
 
 
 def log_write_many(entries: Iterable[LogEntry]) -> int:
@@ -114,7 +164,8 @@ def log_write_many(entries: Iterable[LogEntry]) -> int:
         )
     else:
         lines = [LogLine(**dict(zip(LOG_COLUMNS, row, strict=True))) for row in rows]
-        LogLine.objects.bulk_create(lines, batch_size=1000)
+        with transaction.atomic(savepoint=False):
+            LogLine.objects.bulk_create(lines, batch_size=1000)
     return len(rows)
 
 

@@ -286,12 +286,13 @@ def _cursor(record: Record) -> tuple[int, str] | None:
 
 
 def _write_lines(record: Record, lines: list[tuple[str, str, str, str]]) -> None:
-    """Write ``(message, stream, severity, source)`` lines to the record's log (one insert
-    each: the observability services have no batch write for log lines yet)."""
-    from apps.observability.services import log_write
+    """Write ``(message, stream, severity, source)`` lines to the record's log, in one statement."""
+    from apps.observability.services import LogEntry, log_write_many
 
-    for message, stream, severity, source in lines:
-        log_write(record_id=record.pk, message=message, stream=stream, severity=severity, source=source)
+    log_write_many(
+        LogEntry(record_id=record.pk, message=message, stream=stream, severity=severity, source=source)
+        for message, stream, severity, source in lines
+    )
 
 
 def sync_logs(record: Record, container: Any) -> int:

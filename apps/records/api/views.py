@@ -28,7 +28,7 @@ from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst, OldestFirstById
 from apps.core.errors import NotFound, ValidationFailed
-from apps.observability.selectors import log_lines
+from apps.observability.selectors import log_horizon, log_lines
 from apps.observability.services import log_dropped
 from apps.records import selectors, services
 from apps.records.api.serializers import (
@@ -192,7 +192,8 @@ class LogBatch:
 
 
 def log_fetch(rows: Any, after: int, limit: int = LOG_STREAM_BATCH) -> LogBatch:
-    """Up to ``limit`` of ``rows`` (``log_rows``) after line ``after``, oldest first.
+    """Up to ``limit`` of ``rows`` (``log_rows``) after line ``after``, oldest first, up to the
+    ``log_horizon`` (a line committed late with a lower id is not skipped: it is sent first).
 
     Two queries whose plans do not depend on the table's size or statistics. The first reads
     ids only, from the (record, id) index, to find the last line of the batch. The second
@@ -201,6 +202,9 @@ def log_fetch(rows: Any, after: int, limit: int = LOG_STREAM_BATCH) -> LogBatch:
     hundred thousand lines). Record ids come as text and times as integers; the batch's few
     distinct times are formatted once, and its records' names come in one more query instead
     of a join per line."""
+    horizon = log_horizon()  # lines above it may still be joined by lower ids: not yet
+    if horizon is not None:
+        rows = rows.filter(id__lte=horizon)
     ahead = rows.filter(id__gt=after).order_by("id").values_list("id", flat=True)
     last = list(ahead[limit - 1 : limit])
     window = rows.filter(id__gt=after, **({"id__lte": last[0]} if last else {}))
