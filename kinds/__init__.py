@@ -116,6 +116,11 @@ class Kind:
     # How often the drift scheduler observes a ready record of this kind (a declaration may
     # override it with ``reconcile_every``); None: never (nothing outside can drift).
     drift_interval: ClassVar[timedelta | None] = timedelta(minutes=5)
+    # The spec fields that say where the object lives (a path, an agent's machine). A
+    # re-declaration that changes one moves the object: the records service removes it from
+    # the old place (``delete`` on the record with its old spec) before ``create`` makes it
+    # at the new one, so nothing is left behind.
+    placement: ClassVar[tuple[str, ...]] = ()
 
     def create(self, record: Record) -> dict[str, Any]:
         raise PermanentError(f"kind {self.name} cannot create objects")

@@ -102,6 +102,7 @@ class FileKind(Kind):
         "or on an agent's machine."
     )
     drift_interval = timedelta(seconds=60)
+    placement = ("path", "agent")
     spec_schema = {
         "type": "object",
         "properties": {

@@ -29,6 +29,9 @@ class Record(MPTTModel, TimeStampedModel):
     namespace = models.CharField(max_length=63, default="default")
     spec = models.JSONField(default=dict, blank=True)
     outputs = models.JSONField(default=dict, blank=True)
+    # The spec of the place the object was moved away from (its kind's ``placement`` changed)
+    # until the object there is removed; null when it is not moving.
+    moved_from = models.JSONField(null=True, blank=True)
     phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.PENDING)
     conditions = models.JSONField(default=list, blank=True)
     labels = models.JSONField(default=dict, blank=True)

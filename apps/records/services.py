@@ -22,6 +22,7 @@ Rules kept here (see DESIGN.md, invariants I1-I4, I6):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import random
@@ -48,7 +49,7 @@ from apps.observability import hooks as observability  # observability: spans an
 from apps.observability import metrics
 from apps.records.choices import ROOT_KINDS, TRANSITIONS, DriftPolicy, EventType, Phase
 from apps.records.models import Event, Record
-from kinds import Drift, Kind, NotYet, Observed, PermanentError, UnknownKind, get_kind, registry
+from kinds import Drift, Kind, KindError, NotYet, Observed, PermanentError, UnknownKind, get_kind, registry
 
 logger = logging.getLogger(__name__)
 
@@ -452,20 +453,92 @@ def _redeclare(
         raise Conflict(f"{record} ({record.pk}) is being deleted; wait for it to finish before re-declaring it")
     generation = record.generation + 1
     fields = {"spec": spec, "labels": labels, "generation": generation, "next_attempt_at": timezone.now() + _lease()}
+    data: dict[str, Any] = {"generation": generation}
+    moved_from = _moved_from(record, spec)
+    if moved_from != record.moved_from:
+        fields["moved_from"] = moved_from
+        if moved_from is not None:
+            data["moving_from"] = _place(record.kind, moved_from["spec"])
     if record.phase in (Phase.READY, Phase.DRIFTED):
-        _transition(
-            [record], Phase.UPDATING, reason="SpecChanged", data={"generation": generation}, actor=actor, fields=fields
-        )
+        _transition([record], Phase.UPDATING, reason="SpecChanged", data=data, actor=actor, fields=fields)
     elif record.phase == Phase.CREATE_FAILED:
-        _transition(
-            [record], Phase.CREATING, reason="SpecChanged", data={"generation": generation}, actor=actor, fields=fields
-        )
+        _transition([record], Phase.CREATING, reason="SpecChanged", data=data, actor=actor, fields=fields)
     else:
         Record.objects.filter(pk=record.pk).update(**fields)
         for key, value in fields.items():
             setattr(record, key, value)
     _enqueue_converge_on_commit(record.pk)
     return record
+
+
+def _place(kind: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a spec puts the object (its kind's ``placement`` fields)."""
+    try:
+        placement = get_kind(kind).placement
+    except UnknownKind:
+        placement = ()
+    return {field: spec.get(field) for field in placement}
+
+
+def _moved_from(record: Record, spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What ``moved_from`` becomes when ``record`` is re-declared with ``spec``: the old spec
+    and when the move began (the removal's deadline on a lost machine counts from then)."""
+    new = _place(record.kind, spec)
+    if not new:
+        return None
+    if record.moved_from is not None:  # not removed from the first place yet: it is still there
+        return None if _place(record.kind, record.moved_from["spec"]) == new else record.moved_from
+    if _place(record.kind, record.spec) == new or (record.phase == Phase.PENDING and record.attempts == 0):
+        return None  # the same place, or nothing was made yet
+    return {"spec": record.spec, "since": timezone.now().isoformat()}
+
+
+def _left_behind(record: Record) -> Record | None:
+    """The record as it was at the place it moved away from (``delete`` removes the object
+    there), or ``None``. Its deletion counts from the move (deadlines on lost machines)."""
+    if record.moved_from is None:
+        return None
+    old = copy.copy(record)
+    old.spec = record.moved_from["spec"]
+    old.deletion_requested_at = datetime.fromisoformat(record.moved_from["since"])
+    return old
+
+
+def _move_away(record: Record) -> bool:
+    """Remove the object from the place ``record`` moved away from, before it is made at the
+    new one. False: not done (retried later, or counted as a failed attempt)."""
+    old = _left_behind(record)
+    if old is None:
+        return True
+    place = _place(record.kind, old.spec)
+    try:
+        get_kind(record.kind).delete(old)
+    except NotYet as wait:
+        _converge_later(record_id=record.pk, retry_in=wait.retry_in)
+        return False
+    except Exception as exc:
+        why = f"removing it from where it was ({_place_text(place)}): {_error_text(exc)}"
+        error = PermanentError(why) if isinstance(exc, PermanentError) else KindError(why)
+        _converge_failed(record_id=record.pk, error=error)
+        return False
+    with transaction.atomic():
+        fresh = Record.objects.select_for_update(no_key=True).filter(pk=record.pk).first()
+        if fresh is not None and fresh.moved_from == record.moved_from:
+            Record.objects.filter(pk=record.pk).update(moved_from=None)
+            to = _place(record.kind, fresh.spec)
+            record_event_write(
+                record.pk,
+                EventType.NOTE,
+                reason="MovedAway",
+                message=f"removed from {_place_text(place)}; to be made at {_place_text(to)}",
+                data={"from": place, "to": to},
+            )
+    record.moved_from = None
+    return True
+
+
+def _place_text(place: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key} {value if value is not None else '(none)'}" for key, value in place.items())
 
 
 def _enqueue_converge_on_commit(record_id: Any, countdown: float = 0) -> None:
@@ -491,6 +564,8 @@ def record_converge(*, record_id: Any) -> None:
                 _transition([record], Phase.CREATING, reason="Converging", fields=fields)
             else:
                 Record.objects.filter(pk=record.pk).update(**fields)
+        if not _move_away(record):
+            return
         try:
             outputs = get_kind(record.kind).create(record)
         except NotYet as wait:
@@ -671,10 +746,15 @@ def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[A
     def one(record: Record) -> BaseException | None:
         try:
             kind = get_kind(record.kind)
+            left_behind = _left_behind(record)  # a move not finished: the old place first
             if record.pk in wait_for_create:
                 with operation_lock(record.pk):
+                    if left_behind is not None:
+                        kind.delete(left_behind)
                     kind.delete(record)
             else:
+                if left_behind is not None:
+                    kind.delete(left_behind)
                 kind.delete(record)
         except Exception as exc:
             return exc

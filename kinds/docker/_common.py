@@ -195,6 +195,8 @@ class DockerKind(Kind):
     """Base of the docker kinds: drift is checked every 30 s (objects change behind our back)."""
 
     drift_interval: ClassVar[timedelta | None] = timedelta(seconds=30)
+    # An object given to another engine is removed from the first one (see Kind.placement).
+    placement: ClassVar[tuple[str, ...]] = ("agent",)
 
 
 # Where the object lives: absent, the server's dockerd; else an agent's machine (its record id).

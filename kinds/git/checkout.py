@@ -121,7 +121,7 @@ def _previous(record: Record, agent_id: str | None) -> str:
     """Where an earlier generation converged, if on the same machine (else ``""``)."""
     outputs = record.outputs or {}
     if (outputs.get("agent") or None) != (agent_id or None):
-        return ""  # another machine's: a checkout does not move between machines (see README)
+        return ""  # another machine's: removed there before this create (Kind.placement)
     return str(outputs.get("path") or "")
 
 
@@ -137,6 +137,9 @@ def _local(op: str, path: str, record_id: str, options: dict[str, Any] | None = 
 
 class CheckoutKind(Kind):
     name = "git.checkout"
+    # To another machine, the records service removes it from the first (a new path on the
+    # same machine is this kind's own move: ``_previous``).
+    placement = ("agent",)
     description = (
         "A git working tree at a branch, tag or commit, on the Graphene server (under "
         "GRAPHENE_DATA_DIR/checkouts) or on an agent's machine, optionally pinned to an expected commit, "

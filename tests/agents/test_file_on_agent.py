@@ -210,3 +210,57 @@ def test_a_spec_changed_while_the_machine_was_away_is_what_ends_up_on_it(
     assert ready is not None
     assert path.read_text() == "version=2\n"
     assert ready.outputs["digest"] == "sha256:" + hashlib.sha256(b"version=2\n").hexdigest()
+
+
+def test_a_file_moved_off_the_machine_is_removed_there_first(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path, settings: Any
+) -> None:
+    agent, _process = agents("mover")
+    wait_phase(agent, Phase.READY)
+    path = tmp_path / "machine" / "moving.conf"
+    record = declare_file(agent, path, "x\n")
+    wait_phase(record, Phase.READY)
+    assert path.exists()
+
+    moved = records.record_declare(
+        kind="file", name=path.name, owner=agent, spec={"path": "moved/moving.conf", "content": "x\n"}
+    )
+    assert moved.pk == record.pk
+    ready = wait_for(
+        lambda: (r := Record.objects.get(pk=record.pk)).phase == Phase.READY and r.observed_generation == 2 and r,
+        timeout=60,
+        what="the file made on the server",
+    )
+    assert not path.exists(), "removed from the machine"
+    assert Path(ready.outputs["path"]).read_text() == "x\n"
+    assert ready.moved_from is None
+    note = Event.objects.get(record=record, reason="MovedAway")
+    assert note.data == {
+        "from": {"path": str(path), "agent": str(agent.pk)},
+        "to": {"path": "moved/moving.conf", "agent": None},
+    }
+    assert not any(r.startswith("DeletionAbandoned") for r in reasons(record)), reasons(record)
+
+
+def test_moving_off_a_lost_machine_is_given_up_after_the_deadline_then_done(
+    agents: Callable[..., tuple[Record, AgentProcess]], worker: Worker, tmp_path: Path
+) -> None:
+    agent, process = agents("stranded")
+    wait_phase(agent, Phase.READY)
+    path = tmp_path / "stranded.conf"
+    record = declare_file(agent, path, "x\n")
+    wait_phase(record, Phase.READY)
+    process.kill()  # the machine is gone for good
+    wait_for(lambda: Agent.objects.get(pk=agent.pk).session is None, what="the disconnect")
+
+    records.record_declare(kind="file", name=path.name, owner=agent, spec={"path": "rescued.conf", "content": "x\n"})
+    ready = wait_for(
+        lambda: (r := Record.objects.get(pk=record.pk)).phase == Phase.READY and r.observed_generation == 2 and r,
+        timeout=DEADLINE_SECONDS + 40,
+        what="the file made on the server after the deadline",
+    )
+    abandoned = Event.objects.get(record=record, reason="DeletionAbandoned")
+    assert str(path) in abandoned.message
+    assert path.exists(), "nothing could remove it; the event says what may be left"
+    assert Path(ready.outputs["path"]).exists()
+    assert Event.objects.filter(record=record, reason="MovedAway").exists()

@@ -56,7 +56,7 @@ class RecordDetailOutput(RecordOutput):
     children = serializers.SerializerMethodField()
 
     class Meta(RecordOutput.Meta):
-        fields = [*RecordOutput.Meta.fields, "owner_chain", "children"]
+        fields = [*RecordOutput.Meta.fields, "moved_from", "owner_chain", "children"]
         read_only_fields = fields
 
     def get_owner_chain(self, obj: Record) -> list[dict[str, Any]]:
