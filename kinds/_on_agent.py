@@ -112,16 +112,19 @@ def wait_command(command: AgentCommand, seconds: float) -> AgentCommand | None:
     """The command once finished, or ``None`` after ``seconds``."""
     from apps.agents.models import AgentCommand
 
-    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+    deadline = started + seconds
     pause = 0.005
     while True:
         current = AgentCommand.objects.filter(pk=command.pk).first()
         if current is None or current.is_finished:
             return current
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return None
-        time.sleep(pause)
-        pause = min(pause * 2, 0.1)
+        time.sleep(min(pause, deadline - now))
+        # Most commands end within a second (tens of ms): look often then, rarely after.
+        pause = min(pause * 2, 0.02 if now - started < 1.0 else 0.1)
 
 
 def _value(command: AgentCommand, what: str) -> Any:
@@ -146,10 +149,12 @@ def run_on_agent(
     deleting: bool = False,
     sealed: bool = False,
     wait: float = WAIT_SECONDS,
+    in_process: bool = False,
 ) -> Any:
     """``fn(*args)`` on the agent's machine for ``record``'s ``op``: its value, ``NotYet`` while
     the command is under way, ``Abandoned`` (deleting only) when the machine is gone for good.
-    ``sealed``: the arguments carry a secret's value (stored encrypted, see ``command_submit``)."""
+    ``sealed``: the arguments carry a secret's value (stored encrypted, see ``command_submit``).
+    ``in_process``: ``fn`` is quick and bounded, so the agent may call it in its own process."""
     from apps.agents import services as agents
     from apps.core.errors import ValidationFailed
 
@@ -175,6 +180,7 @@ def run_on_agent(
                 waiting_record=record.pk,
                 operation=op,
                 sealed=sealed,
+                in_process=in_process,
             )
         except ValidationFailed as exc:  # too big for a command, say: no retry makes it fit
             raise PermanentError(f"{what}: {exc.detail}") from exc

@@ -134,7 +134,7 @@ class FileKind(Kind):
             args = ["write", _machine_path(record), str(record.id), base64.b64encode(data).decode(), mode]
             content = record.spec["content"]
             secret = isinstance(content, dict) and "$secret" in content  # never stored in the clear (I7)
-            outputs = run_on_agent(record, agent_id, "write", file_op, args, sealed=secret)
+            outputs = run_on_agent(record, agent_id, "write", file_op, args, sealed=secret, in_process=True)
             return {**outputs, "agent": agent_id}
         target = resolve(record.spec["path"])
         try:
@@ -151,7 +151,13 @@ class FileKind(Kind):
             if state is None or state.session is None:
                 raise NotYet("the agent is not connected")  # its own record says so; look again later
             found = run_on_agent(
-                record, agent_id, "observe", file_op, ["observe", _machine_path(record)], wait=OBSERVE_WAIT_SECONDS
+                record,
+                agent_id,
+                "observe",
+                file_op,
+                ["observe", _machine_path(record)],
+                wait=OBSERVE_WAIT_SECONDS,
+                in_process=True,
             )
             return None if found is None else Observed({**found, "agent": agent_id})
         found = file_op("observe", str(resolve(record.spec["path"])))
@@ -175,7 +181,8 @@ class FileKind(Kind):
             except PermanentError:
                 return  # an invalid path never produced a file
             try:
-                run_on_agent(record, agent_id, "remove", file_op, ["remove", path, str(record.id)], deleting=True)
+                args = ["remove", path, str(record.id)]
+                run_on_agent(record, agent_id, "remove", file_op, args, deleting=True, in_process=True)
             except Abandoned as exc:
                 abandon(record, exc, left=f"the file {path}")
             return

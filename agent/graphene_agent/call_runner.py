@@ -8,11 +8,14 @@ module is that interpreter's program: it imports nothing of the agent (it runs a
 The request is JSON on stdin, ``{"name", "source", "args", "kwargs"}``, written by the agent,
 which then closes stdin. It never touches the disk, since its arguments may hold secrets. It
 is read whole before the function runs, so the function finds stdin at its end, as an
-``exec``'s command does. The source is compiled with postponed annotations (annotations are never evaluated, so they may
-name types that do not exist here) and executed in a fresh module namespace; then
-``name(*args, **kwargs)`` is called. RESULT (JSON, 0600) is ``{"value": ...}`` or
-``{"error": type name, "message", "traceback"}`` — also when the function's result is not
-JSON or too large. No RESULT at all means the interpreter died (killed, crashed).
+``exec``'s command does. The source is compiled with postponed annotations (annotations are
+never evaluated, so they may name types that do not exist here) and executed in a fresh
+module namespace; then ``name(*args, **kwargs)`` is called. RESULT (JSON, 0600) is
+``{"value": ...}`` or ``{"error": type name, "message", "traceback"}`` — also when the
+function's result is not JSON or too large. No RESULT at all means the interpreter died.
+
+The server's own functions (its kinds' operations on the machine, marked ``in_process``) skip
+the new interpreter: the agent calls ``outcome`` in a thread of its own process.
 """
 
 from __future__ import annotations
@@ -55,46 +58,60 @@ def _error(kind: str, message: str, trace: str = "") -> dict[str, Any]:
 
 
 def _raised(exc: BaseException) -> dict[str, Any]:
-    """The exception as the machine saw it, without this script's own frames."""
+    """The exception as the machine saw it, without this runner's own frames."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":  # this script (run with -c)
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next
     trace = "".join(traceback.format_exception(type(exc), exc, tb))
     return _error(type(exc).__name__, str(exc), trace)
 
 
-def main(argv: list[str]) -> int:
-    (result_path,) = argv
-    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+# This runner's frames: "<string>" when it runs as ``-c``, its file when the agent imports it.
+_OWN_FILES = {"<string>", globals().get("__file__", "<string>")}
+
+
+def outcome(request: dict[str, Any], *, isolated: bool = True) -> dict[str, Any]:
+    """Run the request's function: ``{"value": ...}`` or ``{"error", "message", "traceback"}``.
+
+    ``isolated``: this interpreter is the call's own (``main``), so the function's module is
+    registered where pickle and dataclasses look functions up, and ``sys.argv`` names it.
+    Otherwise (the agent runs a function of the server's in a thread of its own process) the
+    interpreter's state is left alone.
+    """
     name = str(request["name"])
     source = str(request["source"])
-    filename = f"<agent.run {name}>"
+    filename = f"<agent.run {name}>" if isolated else f"<agent.run {name} {id(request):x}>"
     # Tracebacks show the function's lines, as they would for a file.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(MODULE)
-    sys.modules[MODULE] = module  # what pickle, dataclasses and friends look functions up in
-    sys.argv = [filename]
+    if isolated:
+        sys.modules[MODULE] = module  # what pickle, dataclasses and friends look functions up in
+        sys.argv = [filename]
     try:
-        flags = __future__.annotations.compiler_flag
-        exec(compile(source, filename, "exec", flags=flags, dont_inherit=True), module.__dict__)  # noqa: S102
-        value = module.__dict__[name](*request["args"], **request["kwargs"])
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: that is how the function ended
-        _write(result_path, _raised(exc))
-        return 0
+        try:
+            flags = __future__.annotations.compiler_flag
+            exec(compile(source, filename, "exec", flags=flags, dont_inherit=True), module.__dict__)  # noqa: S102
+            value = module.__dict__[name](*request["args"], **request["kwargs"])
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: that is how the function ended
+            return _raised(exc)
+    finally:
+        if not isolated:
+            linecache.cache.pop(filename, None)
     try:
         encoded = json.dumps({"value": value}, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
-        _write(result_path, _error("TypeError", f"the result of {name}() is not JSON-serializable: {exc}"))
-        return 0
-    if len(encoded.encode()) > MAX_RESULT_BYTES:
-        message = f"the result of {name}() is {len(encoded.encode())} bytes of JSON; a call returns at most "
-        _write(result_path, _error("ValueError", message + f"{MAX_RESULT_BYTES} (write it to a file instead)"))
-        return 0
-    fd = os.open(result_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, encoded.encode())
-    finally:
-        os.close(fd)
+        return _error("TypeError", f"the result of {name}() is not JSON-serializable: {exc}")
+    size = len(encoded.encode())
+    if size > MAX_RESULT_BYTES:
+        message = f"the result of {name}() is {size} bytes of JSON; a call returns at most "
+        return _error("ValueError", message + f"{MAX_RESULT_BYTES} (write it to a file instead)")
+    return {"value": value}
+
+
+def main(argv: list[str]) -> int:
+    (result_path,) = argv
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    _write(result_path, outcome(request))
     return 0
 
 

@@ -722,6 +722,7 @@ def command_submit(
     waiting_record: Any = None,
     operation: str = "",
     sealed: bool = False,
+    in_process: bool = False,
 ) -> AgentCommand:
     """Store a command for ``agent`` and tell its connection (if any) after commit.
 
@@ -734,12 +735,20 @@ def command_submit(
     (``SYNC_OPERATION``) is waited for by the very worker that submitted it, which takes its
     result itself, so its end wakes nobody. A ``sealed`` payload (it carries a
     secret's value) is stored encrypted with the secrets key and opened only to be sent (I7).
+    ``in_process`` (a ``call`` of the server's own self-contained function, bounded by its own
+    timeouts: the kinds' operations on a machine) lets the agent call it in a thread of its
+    process instead of a fresh interpreter, about 100 ms less a call; never a user's function,
+    and not a field the API accepts.
     """
     if agent.kind != AGENT_KIND:
         raise _fail("agent", f"{agent} is not an agent record")
     if guarantee not in Guarantee.values:
         raise _fail("guarantee", f"unknown guarantee {guarantee!r}; guarantees are {Guarantee.values}")
     clean = command_payload_validate(kind, payload)
+    if in_process:
+        if kind != CommandKind.CALL:
+            raise _fail("in_process", f"only a call runs in the agent's process, not {kind}")
+        clean["in_process"] = True
     extra_logs = [str(uuid.UUID(str(r))) for r in log_to]
     with transaction.atomic():
         current = Record.objects.filter(pk=agent.pk).values("phase", "deletion_requested_at").first()

@@ -285,6 +285,7 @@ class AgentAdapter(requests.adapters.BaseAdapter):
                 waiting_record=target.record.pk,
                 operation=OPERATION,
                 sealed=target.sealed,  # the container's environment may carry secrets' values (I7)
+                in_process=True,  # bounded by its own timeout: no interpreter to start per request
             )
         except ValidationFailed as exc:  # too big for a command: no retry makes it fit
             raise PermanentError(f"{what}: {exc.detail}") from exc

@@ -23,6 +23,7 @@ from websockets.typing import Origin
 from apps.agents import services
 from apps.agents.choices import CommandStatus
 from apps.agents.models import Agent, AgentCommand, AgentToken
+from apps.core.errors import ValidationFailed
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from tests.agents.conftest import (
@@ -224,6 +225,55 @@ def test_a_call_gets_its_arguments_on_stdin_and_never_on_the_disk(agents: Agents
     )
     assert done.status == CommandStatus.SUCCEEDED, done.error
     assert done.result["value"] == {"files_with_the_secret": [], "stdin": "", "argv_has_it": False}
+
+
+CALL_SAYS_WHERE = """
+def where(fail=False, sleep=0):
+    import os, sys, time
+    time.sleep(sleep)
+    if fail:
+        raise LookupError("no such thing")
+    return {"pid": os.getpid(), "argv0": sys.argv[0]}
+"""
+
+
+def test_the_servers_own_calls_run_in_the_agents_process_and_a_users_in_their_own(agents: Agents) -> None:
+    """``in_process`` (the kinds' operations): no interpreter is started, the result and errors
+    are a call's, the agent's own state is left alone; a timeout stops the wait, not the agent."""
+    record, process = agents("in-process")
+    wait_phase(record, Phase.READY)
+
+    def call(in_process: bool, **kwargs: Any) -> AgentCommand:
+        payload = {"name": "where", "source": CALL_SAYS_WHERE, "kwargs": kwargs, "timeout": 1}
+        return wait_command(services.command_submit(agent=record, kind="call", payload=payload, in_process=in_process))
+
+    here = call(True)
+    assert here.status == CommandStatus.SUCCEEDED, here.error
+    assert here.result["value"]["pid"] == process.pid, "called in the agent's own process"
+    assert "agent.run" not in here.result["value"]["argv0"], "the agent's sys.argv is left alone"
+    apart = call(False)
+    assert apart.result["value"]["pid"] != process.pid
+    assert apart.result["value"]["argv0"] == "<agent.run where>"
+
+    failed = call(True, fail=True)
+    assert failed.status == CommandStatus.FAILED
+    assert (failed.result["error_type"], failed.result["error_message"]) == ("LookupError", "no such thing")
+    assert "call_runner" not in failed.result["traceback"]
+    assert 'raise LookupError("no such thing")' in failed.result["traceback"], "the function's own lines"
+
+    slow = call(True, sleep=3)
+    assert slow.status == CommandStatus.FAILED
+    assert slow.result.get("timed_out") is True
+    assert "did not return within 1s" in slow.error
+    assert call(True).status == CommandStatus.SUCCEEDED, "the agent serves on"
+
+    with pytest.raises(ValidationFailed) as refused:  # a user's payload cannot ask for it
+        services.command_submit(
+            agent=record, kind="call", payload={"name": "where", "source": CALL_SAYS_WHERE, "in_process": True}
+        )
+    assert "in_process" in str(refused.value.detail)
+    with pytest.raises(ValidationFailed):
+        services.command_submit(agent=record, kind="exec", payload={"argv": ["true"]}, in_process=True)
 
 
 def test_reconnect_with_backoff_delivers_a_queued_command_once(agents: Agents, web: WebServer, tmp_path: Path) -> None:
