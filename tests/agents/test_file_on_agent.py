@@ -37,6 +37,11 @@ def declare_file(agent: Record, path: Path, content: str, mode: int = 0o640) -> 
     )
 
 
+def generation_ready(record: Record, generation: int) -> Record | None:
+    fresh = Record.objects.get(pk=record.pk)
+    return fresh if fresh.phase == Phase.READY and fresh.observed_generation == generation else None
+
+
 def reasons(record: Record) -> list[str]:
     events = Event.objects.filter(record=record).order_by("created_at", "id")
     return [f"{e.reason}: {e.message}" if e.reason == "DeletionAbandoned" else e.reason for e in events]
@@ -226,11 +231,8 @@ def test_a_file_moved_off_the_machine_is_removed_there_first(
         kind="file", name=path.name, owner=agent, spec={"path": "moved/moving.conf", "content": "x\n"}
     )
     assert moved.pk == record.pk
-    ready = wait_for(
-        lambda: (r := Record.objects.get(pk=record.pk)).phase == Phase.READY and r.observed_generation == 2 and r,
-        timeout=60,
-        what="the file made on the server",
-    )
+    ready = wait_for(lambda: generation_ready(record, 2), timeout=60, what="the file made on the server")
+    assert ready is not None
     assert not path.exists(), "removed from the machine"
     assert Path(ready.outputs["path"]).read_text() == "x\n"
     assert ready.moved_from is None
@@ -255,10 +257,11 @@ def test_moving_off_a_lost_machine_is_given_up_after_the_deadline_then_done(
 
     records.record_declare(kind="file", name=path.name, owner=agent, spec={"path": "rescued.conf", "content": "x\n"})
     ready = wait_for(
-        lambda: (r := Record.objects.get(pk=record.pk)).phase == Phase.READY and r.observed_generation == 2 and r,
+        lambda: generation_ready(record, 2),
         timeout=DEADLINE_SECONDS + 40,
         what="the file made on the server after the deadline",
     )
+    assert ready is not None
     abandoned = Event.objects.get(record=record, reason="DeletionAbandoned")
     assert str(path) in abandoned.message
     assert path.exists(), "nothing could remove it; the event says what may be left"

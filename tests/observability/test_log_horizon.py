@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 class OpenWriter:
     """A transaction in another session that wrote lines and stays open until told."""
 
-    def __init__(self, write: Callable[[], None]) -> None:
+    def __init__(self, write: Callable[[], object]) -> None:
         self.wrote = threading.Event()
         self.finish = threading.Event()
         self.error: BaseException | None = None
@@ -34,7 +34,7 @@ class OpenWriter:
         self.thread.start()
         assert self.wrote.wait(30), f"the writer did not write: {self.error!r}"
 
-    def _run(self, write: Callable[[], None]) -> None:
+    def _run(self, write: Callable[[], object]) -> None:
         try:
             with transaction.atomic():
                 write()
