@@ -29,7 +29,7 @@ LINT_PROD_ENV := DJANGO_SETTINGS_MODULE=graphene_project.settings.prod \
 
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo up test lint fmt typecheck migrate-check deploy-check lock clean
+.PHONY: help setup demo up test lint fmt typecheck migrate-check deploy-check lock vendor-xterm clean
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -104,6 +104,37 @@ lock: setup  ## re-resolve requirements/*.in into the pinned requirements/*.txt 
 	  echo "-r base.txt"; \
 	  "$$tmp/dev/bin/pip" freeze --exclude-editable | grep -v '^#' | grep -vxF -f "$$tmp/base.txt"; } > requirements/dev.txt; \
 	echo "make lock: wrote requirements/base.txt and requirements/dev.txt; run make setup to install them"
+
+# xterm.js, the Studio terminal page's emulator, vendored as Django's admin vendors jQuery: the
+# built files of two npm tarballs, pinned by version and by the registry's integrity (sha512).
+# To move to a newer version, change a pin, run `make vendor-xterm`, and update the README there.
+XTERM_DIR := apps/agents/static/agents/vendor/xterm
+XTERM_PIN := @xterm/xterm@5.5.0,sha512-hqJHYaQb5OptNunnyAnkHyM8aCjZ1MEIDTQu1iIbbTD/xops91NB5yq1ZK/dC2JDbVWtF23zUtl9JE2NqwT87A==
+XTERM_FIT_PIN := @xterm/addon-fit@0.10.0,sha512-UFYkDm4HUahf2lnEyHvio51TNGiLK66mqP2JoATy7hRZeXaGMRDr00JiSF7m63vR5WKATF605yEggJKsw0JpMQ==
+
+vendor-xterm:  ## re-fetch the pinned xterm.js files into apps/agents/static (npm pack, integrity checked)
+	@for tool in npm openssl; do command -v $$tool >/dev/null || { echo "make vendor-xterm: needs $$tool" >&2; exit 1; }; done
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	for pin in '$(XTERM_PIN)' '$(XTERM_FIT_PIN)'; do \
+		spec=$${pin%%,*}; want=$${pin#*,}; name=$${spec%@*}; name=$${name#@xterm/}; \
+		mkdir "$$tmp/$$name"; \
+		npm pack --silent --ignore-scripts --pack-destination "$$tmp/$$name" "$$spec" >/dev/null; \
+		tarball=$$(ls "$$tmp/$$name"/*.tgz); \
+		got=sha512-$$(openssl dgst -sha512 -binary "$$tarball" | base64 -w0); \
+		if [ "$$got" != "$$want" ]; then \
+			echo "make vendor-xterm: $$spec has integrity $$got, the pin says $$want" >&2; exit 1; \
+		fi; \
+		tar -xzf "$$tarball" -C "$$tmp/$$name"; \
+		grep -qsF "$$want" $(XTERM_DIR)/README.md \
+			|| echo "make vendor-xterm: note: $(XTERM_DIR)/README.md does not name $$spec's integrity yet" >&2; \
+		echo "$$spec  $$want"; \
+	done; \
+	mkdir -p $(XTERM_DIR); \
+	install -m 0644 "$$tmp/xterm/package/lib/xterm.js" "$$tmp/xterm/package/css/xterm.css" $(XTERM_DIR)/; \
+	install -m 0644 "$$tmp/xterm/package/LICENSE" $(XTERM_DIR)/LICENSE.xterm; \
+	install -m 0644 "$$tmp/addon-fit/package/lib/addon-fit.js" $(XTERM_DIR)/; \
+	install -m 0644 "$$tmp/addon-fit/package/LICENSE" $(XTERM_DIR)/LICENSE.addon-fit; \
+	echo "make vendor-xterm: copied into $(XTERM_DIR): $$(cd $(XTERM_DIR) && ls | grep -v README.md | xargs)"
 
 clean:  ## remove caches and the demo's data (keeps .venv and your .graphene/ data)
 	rm -rf .graphene-demo .graphene-lint .mypy_cache .ruff_cache .pytest_cache

@@ -1,15 +1,26 @@
-"""The Studio's view of agents: read-only tables; actions call services."""
+"""The Studio's view of agents: read-only tables; actions call services.
+
+An agent's terminal page (``agents/agent/<record id>/terminal/``, ``AgentAdmin.terminal_view``)
+is xterm.js on the terminal websocket (``ws/agents/<id>/pty/``, ``AgentTerminalConsumer``).
+"""
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
-from apps.agents import services
+from apps.agents import selectors, services
 from apps.agents.models import Agent, AgentCommand, AgentToken
+from apps.core.errors import NotFound
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]
@@ -53,6 +64,69 @@ class AgentAdmin(ReadOnly):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return bool(request.user.has_perm("agents.change_agent"))
+
+    # --- the terminal page ------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        # An Agent's primary key is its record's id, so the page sits beside the change page.
+        # It comes first: the defaults end with a catch-all "<path:object_id>/" redirect.
+        terminal = path(
+            "<uuid:record_id>/terminal/",
+            self.admin_site.admin_view(self.terminal_view),
+            name="agents_agent_terminal",
+        )
+        return [terminal, *super().get_urls()]
+
+    def _terminal_url(self, record_id: Any) -> str:
+        return reverse("admin:agents_agent_terminal", args=[record_id], current_app=self.admin_site.name)
+
+    def terminal_view(self, request: HttpRequest, record_id: uuid.UUID) -> HttpResponse:
+        """A terminal on the agent's machine in the browser (xterm.js, ``agents/terminal.js``).
+
+        It only renders: the page's websocket opens the terminal, and the gateway records it
+        (``TerminalOpened``/``TerminalClosed``, or ``TerminalRefused``). Staff only (the admin
+        site's own check), and ``agents.open_terminal`` as for the websocket.
+        """
+        if not selectors.agent_can_open_terminal(user=request.user):
+            raise PermissionDenied(f"a terminal needs the {selectors.TERMINAL_PERMISSION} permission")
+        try:
+            record = selectors.agent_get(user=request.user, agent_id=record_id)
+        except NotFound as exc:
+            raise Http404(exc.detail) from None
+        state = selectors.agent_state(record=record)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Terminal on {record.name}",
+            "agent": record,
+            "state": state,
+            "socket_path": f"/ws/agents/{record.pk}/pty/",
+            # The breadcrumbs link the agent's pages only for those who may see them.
+            "has_view_permission": state is not None and self.has_view_permission(request, state),
+        }
+        return TemplateResponse(request, "admin/agents/agent/terminal.html", context)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        try:
+            record_id = uuid.UUID(object_id)
+        except ValueError:  # no such agent: the admin answers that
+            record_id = None
+        if record_id is not None and selectors.agent_can_open_terminal(user=request.user):
+            extra_context["terminal_url"] = self._terminal_url(record_id)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = list(super().get_list_display(request))
+        if selectors.agent_can_open_terminal(user=request.user):
+            columns.append("terminal")
+        return columns
+
+    @admin.display(description="terminal")
+    def terminal(self, obj: Agent) -> SafeString:
+        return format_html('<a href="{}">Terminal</a>', self._terminal_url(obj.pk))
 
 
 @admin.register(AgentToken)
