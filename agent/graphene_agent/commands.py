@@ -41,8 +41,14 @@ Send = Callable[[dict[str, Any]], Awaitable[bool]]
 MAX_BUFFERED_OUTPUT = 32 * 1024 * 1024
 # After a command exits, how long to keep reading pipes that a leftover child still holds.
 DRAIN_SECONDS = 2.0
-# A partial line is sent after this long without its newline (prompts, progress bars).
+# A partial line is sent after this long without its newline (prompts, progress bars)...
 PARTIAL_LINE_SECONDS = 0.2
+# ... or this long when the producer was writing in bulk (BULK_BYTES read with no read waiting
+# BURST_GAP_SECONDS for them): stopped mid-line by a full pipe or a busy machine, it writes the rest of
+# the line as soon as it runs again, and cutting the line in two would be wrong.
+PARTIAL_LINE_BULK_SECONDS = 1.0
+BULK_BYTES = 32 * 1024
+BURST_GAP_SECONDS = 0.1
 # Output chunks sent and not yet acknowledged, at most. While the server stores them, new
 # output joins the last chunk not yet sent (up to OUTPUT_MERGE_BYTES) instead of becoming a
 # chunk of its own: a fast producer is stored in few large transactions (one per chunk on
@@ -110,6 +116,23 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_AGENT_")}
     env.update(extra)
     return env
+
+
+def _pieces(text: str, step: int) -> list[str]:
+    """``text`` in pieces of at most ``step`` characters (each message stays well under the
+    server's 1 MiB, even after JSON escaping), cut after a newline where the text has one:
+    the server stores each chunk's lines, so a cut inside a line would store it as two."""
+    pieces: list[str] = []
+    start = 0
+    if not text:
+        return pieces
+    while len(text) - start > step:
+        cut = text.rfind("\n", start, start + step)
+        end = cut + 1 if cut >= start else start + step  # a line longer than a piece is cut
+        pieces.append(text[start:end])
+        start = end
+    pieces.append(text[start:])
+    return pieces
 
 
 async def _feed(process: asyncio.subprocess.Process, data: bytes) -> None:
@@ -426,10 +449,13 @@ class Executor:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         tail = state.tails[stream]
         pending = ""
+        burst = 0  # bytes read since the producer last paused (a read waited for it)
         while True:
+            patience = PARTIAL_LINE_BULK_SECONDS if burst >= BULK_BYTES else PARTIAL_LINE_SECONDS
+            asked = time.monotonic()
             try:
                 data = await asyncio.wait_for(
-                    reader.read(protocol.OUTPUT_CHUNK_BYTES), timeout=PARTIAL_LINE_SECONDS if pending else None
+                    reader.read(protocol.OUTPUT_CHUNK_BYTES), timeout=patience if pending else None
                 )
             except asyncio.TimeoutError:
                 try:  # a held-up event loop (a busy machine) is no pause of the producer: look again
@@ -443,6 +469,7 @@ class Executor:
                 if rest:
                     await self._emit(state, stream, rest)
                 return
+            burst = (0 if time.monotonic() - asked > BURST_GAP_SECONDS else burst) + len(data)
             tail.extend(data)
             if len(tail) > protocol.TAIL_BYTES:
                 del tail[: len(tail) - protocol.TAIL_BYTES]
@@ -458,10 +485,7 @@ class Executor:
                 await self._emit(state, stream, text[: cut + 1])
 
     async def _emit(self, state: Running, stream: str, text: str) -> None:
-        # Keep each message well under the server's 1 MiB limit even after JSON escaping.
-        step = protocol.OUTPUT_CHUNK_BYTES
-        for start in range(0, len(text), step):
-            piece = text[start : start + step]
+        for piece in _pieces(text, protocol.OUTPUT_CHUNK_BYTES):
             size = len(json.dumps(piece)) - 2  # at most 12 bytes a character: a piece alone always fits
             last = state.chunks[-1] if state.chunks else None
             if (

@@ -178,6 +178,44 @@ def test_exec_streams_output_and_returns_the_exit_code(agents: Agents, web: WebS
     assert (done.status, done.exit_code, done.stdout_tail) == (CommandStatus.SUCCEEDED, 0, "hello\n")
 
 
+PROMPT = "import sys, time; sys.stdout.write('Password: '); sys.stdout.flush(); time.sleep(3); print('typed')"
+# 256 KiB of whole lines, then half a line, a pause longer than a prompt's, and the rest.
+BULK_THEN_PAUSE = (
+    "import sys, time\n"
+    "sys.stdout.write(''.join(f'{i:06d} bulk output line\\n' for i in range(11000)) + 'half of a li')\n"
+    "sys.stdout.flush(); time.sleep(0.4); print('ne'); print('last')\n"
+)
+
+
+def command_lines(record: Record, command: AgentCommand) -> list[str]:
+    lines = record.log_lines.filter(source=f"command/{command.pk}").order_by("id")
+    return list(lines.values_list("message", flat=True))
+
+
+def test_a_prompt_without_a_newline_is_stored_while_the_program_waits(agents: Agents) -> None:
+    record, _ = agents("prompt")
+    wait_phase(record, Phase.READY)
+    command = services.command_submit(agent=record, kind="exec", payload={"argv": [sys.executable, "-c", PROMPT]})
+    wait_for(lambda: command_lines(record, command) == ["Password: "], timeout=10, what="the prompt in the log")
+    assert AgentCommand.objects.get(pk=command.pk).status == CommandStatus.RUNNING, "sent while it waits"
+    assert wait_command(command).status == CommandStatus.SUCCEEDED
+    assert command_lines(record, command) == ["Password: ", "typed"]
+
+
+def test_a_line_a_bulk_writer_pauses_in_is_stored_whole(agents: Agents) -> None:
+    """A producer stopped mid-line (a full pipe, a busy machine) while writing in bulk is no
+    prompt: its line is kept whole across a pause longer than a prompt's."""
+    record, _ = agents("bulk")
+    wait_phase(record, Phase.READY)
+    command = services.command_submit(
+        agent=record, kind="exec", payload={"argv": [sys.executable, "-c", BULK_THEN_PAUSE]}
+    )
+    assert wait_command(command).status == CommandStatus.SUCCEEDED
+    lines = command_lines(record, command)
+    assert lines[-2:] == ["half of a line", "last"]
+    assert lines[:-2] == [f"{i:06d} bulk output line" for i in range(11000)]
+
+
 def test_files_put_and_get(agents: Agents, tmp_path: Path) -> None:
     import base64
 
