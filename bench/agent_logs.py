@@ -161,6 +161,14 @@ def stored(command: Any, expected: int) -> dict[str, float]:
     source = f"command/{command.pk}"
     with connection.cursor() as cursor:
         cursor.execute(
+            "SELECT count(*), min(message) FROM observability_logline"
+            " WHERE record_id = %s AND source = %s AND message !~ '^[0-9]{7} [0-9]+[.][0-9]+ '",
+            [command.agent_id, source],
+        )
+        broken, example = cursor.fetchone()
+        if broken:
+            raise RuntimeError(f"{broken} stored lines are not whole lines (a line cut in two?), e.g. {example!r}")
+        cursor.execute(
             """
             SELECT count(*), count(DISTINCT split_part(message, ' ', 1)),
                    min(split_part(message, ' ', 1)::int), max(split_part(message, ' ', 1)::int),

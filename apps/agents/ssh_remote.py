@@ -250,7 +250,12 @@ def _start_systemd(systemctl: list[str], paths: dict[str, str]) -> int | None:
         "After=network-online.target\n\n"
         "[Service]\n"
         'ExecStart="{python}" "{pyz}" --config "{env}"\n'
-        'WorkingDirectory="{dir}"\n'
+        # Verbatim, unquoted: systemd unquotes ExecStart= but not WorkingDirectory=, where quotes
+        # make the path relative, a fatal "bad unit file setting".
+        "WorkingDirectory={dir}\n"
+        # The system manager gives a unit without User= no $HOME: the agent (and every command it
+        # runs) gets the one the install ran with, as the background process and a user unit do.
+        'Environment="HOME={home}"\n'
         "Restart=always\n"
         "RestartSec=5\n"
         "# 78: refused for good (revoked, foreign or used credential, deleted record); 2: bad config.\n"
@@ -263,6 +268,7 @@ def _start_systemd(systemctl: list[str], paths: dict[str, str]) -> int | None:
         pyz=paths["pyz"],
         env=paths["env"],
         dir=paths["dir"],
+        home=os.path.expanduser("~"),
         target=target,
     )
     _write_atomic(unit_path, unit, 0o644)

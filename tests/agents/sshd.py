@@ -4,6 +4,11 @@
 generated ed25519 host key and one authorized, generated user key. ``SetEnv HOME=...`` gives
 the sessions a private home directory under the test's tmp_path, so that what an install
 writes to ``~/.graphene-agent`` is the test's to inspect and to clean up.
+
+With a ``launcher`` (e.g. ``docker exec <container>``) the same sshd, config and keys run
+inside a machine that shares this network namespace and sees ``directory`` at the same path
+(a container started with ``--network host`` and ``directory`` bind-mounted): the test then
+logs in to that machine, as ``user``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,16 +64,17 @@ def sshd_binary() -> str:
 
 
 class SSHServer:
-    """``sshd`` on 127.0.0.1:<free port>, accepting ``user_key`` for the current user."""
+    """``sshd`` on 127.0.0.1:<free port>, accepting ``user_key`` for ``user`` (the current user)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, user: str | None = None, launcher: Sequence[str] = ()) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.home = directory / "home"
         self.home.mkdir()
         self.host = "127.0.0.1"
         self.port = free_port()
-        self.user = getpass.getuser()
+        self.user = user or getpass.getuser()
+        self.launcher = list(launcher)  # prefix of the sshd command: where it runs (here if empty)
         self.host_key = ed25519_keypair()
         self.user_key = ed25519_keypair()
         self.log = directory / "sshd.log"
@@ -106,12 +113,13 @@ class SSHServer:
             ),
             0o600,
         )
-        if os.geteuid() == 0:
-            # sshd running as root insists on its privilege separation directory.
+        if os.geteuid() == 0 and not self.launcher:
+            # sshd running as root insists on its privilege separation directory (a launched
+            # sshd's machine provides its own).
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sshd_binary(), "-D", "-e", "-f", str(config)],
+                [*self.launcher, sshd_binary(), "-D", "-e", "-f", str(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
