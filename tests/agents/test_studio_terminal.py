@@ -43,7 +43,9 @@ def change_path(record: Record) -> str:
 
 def staff_user(django_user_model: Any, username: str, *codenames: str, is_staff: bool = True) -> Any:
     user = django_user_model.objects.create_user(username=username, password=PASSWORD, is_staff=is_staff)
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="agents", codename__in=codenames))
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label__in=["agents", "records"], codename__in=codenames)
+    )
     return user
 
 
@@ -202,6 +204,10 @@ def test_without_the_permission_the_page_is_refused_and_not_linked(
     listing = client.get("/agents/agent/")
     assert listing.status_code == 200
     assert "/terminal/" not in listing.content.decode()
+    client.force_login(staff_user(django_user_model, "reader", "view_agent", "view_record"))
+    own = client.get(f"/records/record/{record.pk}/change/")
+    assert own.status_code == 200
+    assert "/terminal/" not in own.content.decode(), "the record's page links it only with the permission"
 
     # Not staff: the admin's login page, whatever the permissions.
     client.force_login(staff_user(django_user_model, "outsider", "open_terminal", "view_agent", is_staff=False))
@@ -211,10 +217,13 @@ def test_without_the_permission_the_page_is_refused_and_not_linked(
     client.logout()
     assert client.get(terminal_path(record)).status_code == 302
 
-    # With it: linked from the agent's page and the list; the page renders and starts nothing.
-    client.force_login(staff_user(django_user_model, "ops", "open_terminal", "view_agent"))
+    # With it: linked from the agent's page, the list and its record's page; the page renders
+    # and starts nothing.
+    client.force_login(staff_user(django_user_model, "ops", "open_terminal", "view_agent", "view_record"))
     assert terminal_path(record) in client.get(change_path(record)).content.decode()
     assert terminal_path(record) in client.get("/agents/agent/").content.decode()
+    assert terminal_path(record) in client.get(f"/records/record/{record.pk}/change/").content.decode()
+    assert "/terminal/" not in client.get(f"/records/record/{stand.pk}/change/").content.decode(), "agents only"
     page = client.get(terminal_path(record))
     assert page.status_code == 200
     html = page.content.decode()
