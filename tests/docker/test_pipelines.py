@@ -119,6 +119,13 @@ def test_a_worker_killed_while_creating_leaves_one_container_which_is_adopted(
     start_worker("survivor")
     # The beat's reconciler: the create's lease ran out, so it is enqueued again.
     wait_for(lambda: records.records_reconcile() > 0, timeout=30, what="the reconciler to retry the create")
+    # Killed between creating and starting it, the doomed worker left it "created": the
+    # survivor's adoption starts it (the same container), and only then can it be told to go.
+    wait_for(
+        lambda: docker_client.containers.get(made.id).status == "running",
+        timeout=60,
+        what="the container adopted and running",
+    )
     docker_client.containers.get(made.id).exec_run(["touch", "/tmp/go"])
     reaches(record, Phase.READY)
 
