@@ -141,7 +141,7 @@ class LogBatch:
     def __init__(self, rows: list[tuple[Any, ...]], records: dict[str, tuple[str, str]], ats: dict[Any, str]) -> None:
         self.rows = rows
         self.records = records  # raw record id -> (its id as in the REST shape, its name)
-        self.ats = ats  # time (a datetime) -> its text in the REST shape
+        self.ats = ats  # time (microseconds on PostgreSQL, else a datetime) -> its text in the REST shape
 
     def __len__(self) -> int:
         return len(self.rows)
