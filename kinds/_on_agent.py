@@ -198,6 +198,17 @@ def run_on_agent(
     return _value(finished, what)
 
 
+def observe_on_agent(
+    record: Record, agent_id: str, fn: Callable[..., Any], args: list[Any], *, in_process: bool = False
+) -> Any:
+    """``fn(*args)`` on the machine for ``record``'s observation: ``NotYet`` (no error, look
+    again next interval) while the agent is not connected, since its own record says so."""
+    _agent, state = agent_state(agent_id)
+    if state is None or state.session is None:
+        raise NotYet("the agent is not connected")
+    return run_on_agent(record, agent_id, "observe", fn, args, wait=OBSERVE_WAIT_SECONDS, in_process=in_process)
+
+
 def check_reachable(
     record: Record,
     agent: Record | None,

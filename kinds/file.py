@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from kinds import Drift, Kind, Marked, NotYet, Observed, PermanentError, content_ref
+from kinds import Drift, Kind, Marked, Observed, PermanentError, content_ref
 from kinds._file_op import file_op
-from kinds._on_agent import OBSERVE_WAIT_SECONDS, Abandoned, abandon, agent_state, run_on_agent
+from kinds._on_agent import Abandoned, abandon, observe_on_agent, run_on_agent
 
 if TYPE_CHECKING:
     from apps.records.models import Record
@@ -147,18 +147,7 @@ class FileKind(Kind):
     def observe(self, record: Record) -> Observed | None:
         agent_id = record.spec.get("agent")
         if agent_id:
-            _agent, state = agent_state(agent_id)
-            if state is None or state.session is None:
-                raise NotYet("the agent is not connected")  # its own record says so; look again later
-            found = run_on_agent(
-                record,
-                agent_id,
-                "observe",
-                file_op,
-                ["observe", _machine_path(record)],
-                wait=OBSERVE_WAIT_SECONDS,
-                in_process=True,
-            )
+            found = observe_on_agent(record, agent_id, file_op, ["observe", _machine_path(record)], in_process=True)
             return None if found is None else Observed({**found, "agent": agent_id})
         found = file_op("observe", str(resolve(record.spec["path"])))
         return None if found is None else Observed(found)

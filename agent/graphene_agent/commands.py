@@ -135,6 +135,20 @@ def _pieces(text: str, step: int) -> list[str]:
     return pieces
 
 
+def _call_result(name: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """A call's result fields from ``call_runner.outcome``: its value, or the error it raised."""
+    if "value" in outcome:
+        return {"status": protocol.SUCCEEDED, "value": outcome["value"]}
+    kind, message = str(outcome.get("error") or "Exception"), str(outcome.get("message") or "")
+    return {
+        "status": protocol.FAILED,
+        "error": f"{name}() raised {kind}: {message}".rstrip(": "),
+        "error_type": kind,
+        "error_message": message,
+        "traceback": str(outcome.get("traceback") or ""),
+    }
+
+
 async def _feed(process: asyncio.subprocess.Process, data: bytes) -> None:
     """Write ``data`` to the process's stdin and close it; a process that stops reading is its business."""
     assert process.stdin is not None
@@ -388,16 +402,15 @@ class Executor:
             raise CommandError(f"call needs the function's name, got {name!r}")
         if not isinstance(source, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
             raise CommandError("call needs the function's source (a str), args (a list) and kwargs (an object)")
+        request = {"name": name, "source": source, "args": args, "kwargs": kwargs}
         if payload.get("in_process") is True:
-            return await self._call_here(
-                state, {"name": name, "source": source, "args": args, "kwargs": kwargs}, payload
-            )
+            return await self._call_here(request, payload)
         directory = tempfile.mkdtemp(prefix="graphene-call-")  # 0700, this agent's user only
         try:
             outcome_path = os.path.join(directory, "result.json")
-            request = json.dumps({"name": name, "source": source, "args": args, "kwargs": kwargs}).encode()
             argv = [sys.executable or "python3", "-I", "-u", "-c", _runner_source(), outcome_path]
-            result = await self._exec(state, {"argv": argv, "timeout": payload.get("timeout")}, stdin=request)
+            stdin = json.dumps(request).encode()
+            result = await self._exec(state, {"argv": argv, "timeout": payload.get("timeout")}, stdin=stdin)
             if state.cancelled or result.get("timed_out"):
                 return result  # killed: exec's account of it is the whole story
             outcome = _read_outcome(outcome_path)
@@ -407,42 +420,23 @@ class Executor:
             code = result.get("exit_code")
             how = f"was killed by signal {result['signal']}" if result.get("signal") else f"exited with status {code}"
             result.update(status=protocol.FAILED, error=f"the Python process running {name}() {how} before it returned")
-        elif "value" in outcome:
-            result.update(status=protocol.SUCCEEDED, value=outcome["value"])
-            result.pop("error", None)
         else:
-            kind, message = str(outcome.get("error") or "Exception"), str(outcome.get("message") or "")
-            result.update(
-                status=protocol.FAILED,
-                error=f"{name}() raised {kind}: {message}".rstrip(": "),
-                error_type=kind,
-                error_message=message,
-                traceback=str(outcome.get("traceback") or ""),
-            )
+            result.pop("error", None)
+            result.update(_call_result(name, outcome))
         return result
 
-    async def _call_here(self, state: Running, request: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    async def _call_here(self, request: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
         """A function of the server's own (``in_process``: self-contained, bounded by its own
         timeouts) called in a thread of this process: no interpreter to start, about 100 ms a
         call. Its result is a call's; a timeout or cancel stops waiting for the thread."""
         name = request["name"]
         timeout = payload.get("timeout")
         work = asyncio.get_running_loop().run_in_executor(None, partial(call_runner.outcome, request, isolated=False))
-        state.process = None
         try:
             done = await asyncio.wait_for(asyncio.shield(work), timeout=float(timeout) if timeout else None)
         except asyncio.TimeoutError:
             return {"status": protocol.FAILED, "error": f"{name}() did not return within {timeout}s", "timed_out": True}
-        if "value" in done:
-            return {"status": protocol.SUCCEEDED, "value": done["value"]}
-        kind, message = str(done.get("error") or "Exception"), str(done.get("message") or "")
-        return {
-            "status": protocol.FAILED,
-            "error": f"{name}() raised {kind}: {message}".rstrip(": "),
-            "error_type": kind,
-            "error_message": message,
-            "traceback": str(done.get("traceback") or ""),
-        }
+        return _call_result(name, done)
 
     async def _pump(self, state: Running, stream: str, reader: asyncio.StreamReader) -> None:
         """Read one pipe; send whole lines as they come (a partial line after a short pause)."""

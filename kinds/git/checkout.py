@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from kinds import Drift, Kind, KindError, Marked, NotYet, Observed, PermanentError
-from kinds._on_agent import OBSERVE_WAIT_SECONDS, Abandoned, abandon, agent_state, run_on_agent
+from kinds import Drift, Kind, KindError, Marked, Observed, PermanentError
+from kinds._on_agent import Abandoned, abandon, observe_on_agent, run_on_agent
 from kinds.git import cli
 from kinds.git._checkout_op import checkout_op
 from kinds.git.auth import credentials
@@ -246,17 +246,7 @@ class CheckoutKind(Kind):
                 target = machine_path(record)
             except PermanentError:
                 return None  # an invalid path never produced a directory
-            _agent, state = agent_state(agent_id)
-            if state is None or state.session is None:
-                raise NotYet("the agent is not connected")  # its own record says so; look again later
-            found = run_on_agent(
-                record,
-                agent_id,
-                "observe",
-                checkout_op,
-                ["observe", target, str(record.id)],
-                wait=OBSERVE_WAIT_SECONDS,
-            )
+            found = observe_on_agent(record, agent_id, checkout_op, ["observe", target, str(record.id)])
             return None if found is None else Observed({**found, "ref": ref, "agent": agent_id})
         try:
             path = target_path(record)
