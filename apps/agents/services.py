@@ -42,9 +42,9 @@ from graphene_agent import protocol
 
 from apps.agents.choices import IN_FLIGHT, OPEN, TERMINAL, TRANSITIONS, CommandKind, CommandStatus, Guarantee, TokenKind
 from apps.agents.models import Agent, AgentCapability, AgentCommand, AgentToken
+from apps.core import domain
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
-from apps.observability import hooks as observability  # observability: command spans (issue 8)
 from apps.observability.services import log_write_lines
 from apps.records import services as records
 from apps.records.choices import EventType, Phase
@@ -987,7 +987,7 @@ def _command_finish_row(
     stderr_tail: str = "",
     result: dict[str, Any] | None = None,
 ) -> None:
-    """End a locked command row; wake runs waiting on it after commit."""
+    """End a locked command row; ``CommandFinished`` tells what waits on it, after commit."""
     _command_transition(command, status)
     now = _now()
     fields = {
@@ -1006,26 +1006,35 @@ def _command_finish_row(
     for name, value in fields.items():
         setattr(command, name, value)
     AgentCommand.objects.filter(pk=command.pk).update(**fields)
-    observability.command_finished(command)  # observability: the command's span, in this transaction
     publish_on_commit(
         "agents", {"event": "agent.command.changed", "id": str(command.pk), "agent": str(command.agent_id)}
     )
-    command_id = command.pk
-    waiting_record_id = command.waiting_record_id
+    argv = command.payload.get("argv") if isinstance(command.payload, dict) else None
+    domain.emit(
+        domain.CommandFinished(
+            command_id=str(command.pk),
+            agent_id=str(command.agent_id),
+            kind=command.kind,
+            status=command.status,
+            guarantee=command.guarantee,
+            deliveries=command.deliveries,
+            program=str(argv[0]).rsplit("/", 1)[-1] if isinstance(argv, list) and argv else "",
+            exit_code=command.exit_code,
+            error=command.error,
+            created_at=command.created_at,
+            finished_at=now,
+            waiting_record_id=str(command.waiting_record_id) if command.waiting_record_id is not None else None,
+            awaited_in_place=command.operation.startswith(SYNC_OPERATION),
+            log_record_ids=tuple(str(i) for i in command.log_record_ids or ()),
+        )
+    )
 
-    def wake() -> None:
-        from apps.pipelines.services import runs_wake
 
-        try:
-            if waiting_record_id is not None:
-                records.record_wake(record_id=waiting_record_id)
-            else:
-                runs_wake(targets=[command_id])
-        except Exception:  # a hint: the runs' recovery scan (the record's retry) finds them if lost
-            logger.warning("could not wake what waits on command %s", command_id, exc_info=True)
-
-    if not command.operation.startswith(SYNC_OPERATION):
-        transaction.on_commit(wake)
+def record_wake_on_command(event: domain.CommandFinished) -> None:
+    """Subscriber: a kind's command on a machine ended, so its record's convergence or deletion
+    goes on now (a hint: without it the retry the kind asked for comes later)."""
+    if event.waiting_record_id is not None and not event.awaited_in_place:
+        records.record_wake(record_id=event.waiting_record_id)
 
 
 def command_take(*, command: AgentCommand) -> bool:

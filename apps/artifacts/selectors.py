@@ -6,24 +6,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet
 
 from apps.artifacts.services import KIND, ArtifactNotFound
 from apps.core.errors import ValidationFailed
-from apps.pipelines.models import Run
 from apps.records.choices import Phase
 from apps.records.models import Record
 from apps.records.selectors import User, filter_labels, record_visible
 
 # Live phases in which an artifact can be attached: its blob was stored before its record.
 ATTACHABLE = (Phase.PENDING, Phase.CREATING, Phase.READY, Phase.DRIFTED, Phase.UPDATING)
-
-
-def _with_pipeline(qs: QuerySet[Record]) -> QuerySet[Record]:
-    """Annotates ``pipeline_name``: the pipeline of the run that published it (uploads: none)."""
-    return qs.annotate(
-        pipeline_name=Subquery(Run.objects.filter(pk=OuterRef("created_by_run_id")).values("pipeline__name")[:1])
-    )
 
 
 def _stand_tree(pipeline: str) -> Any:
@@ -35,22 +27,22 @@ def artifact_list(
     user: User,
     name: str | None = None,
     pipeline: str | None = None,
+    published_by: QuerySet[Any] | None = None,
     run: str | None = None,
     labels: dict[str, str] | None = None,
     include_deleted: bool = False,
 ) -> QuerySet[Record]:
-    """Artifacts the user may see. ``pipeline``: held by its stand or published by one of its
-    runs; ``run``: published by that run (a run id)."""
-    qs = record_visible(user=user).filter(kind=KIND)
+    """Artifacts the user may see. ``pipeline``: held by its stand, or published by one of
+    ``published_by`` (its runs' ids, which the pipelines app reads); ``run``: published by that
+    run (a run id)."""
+    qs = artifacts_visible(user=user)
     if not include_deleted:
         qs = qs.exclude(phase=Phase.DELETED)
     if name:
         qs = qs.filter(spec__name=name)
     if pipeline:
-        qs = qs.filter(
-            Q(tree_id__in=_stand_tree(pipeline))
-            | Q(created_by_run_id__in=Run.objects.filter(pipeline__name=pipeline).values("pk"))
-        )
+        held = Q(tree_id__in=_stand_tree(pipeline))
+        qs = qs.filter(held | Q(created_by_run_id__in=published_by) if published_by is not None else held)
     if run:
         try:
             run_id = uuid.UUID(run)
@@ -59,15 +51,20 @@ def artifact_list(
         qs = qs.filter(created_by_run_id=run_id)
     if labels:
         qs = filter_labels(qs, labels)
-    return _with_pipeline(qs)
+    return qs
 
 
-def artifact_get(*, user: User, artifact_id: Any) -> Record:
+def artifacts_visible(*, user: User) -> QuerySet[Record]:
+    return record_visible(user=user).filter(kind=KIND)
+
+
+def artifact_get(*, user: User, artifact_id: Any, among: QuerySet[Record] | None = None) -> Record:
+    """One artifact the user may see (``among``: ``artifacts_visible`` narrowed or annotated)."""
     try:
         pk = uuid.UUID(str(artifact_id))
     except ValueError:
         raise ArtifactNotFound(f"no artifact {artifact_id!r}: artifact ids are record ids (UUIDs)") from None
-    record = _with_pipeline(record_visible(user=user).filter(kind=KIND, pk=pk)).first()
+    record = (among if among is not None else artifacts_visible(user=user)).filter(pk=pk).first()
     if record is None:
         raise ArtifactNotFound(f"no artifact {artifact_id}")
     return record

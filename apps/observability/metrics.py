@@ -24,13 +24,13 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import Metric
@@ -88,12 +88,16 @@ DELETE_FAILURES = Counter(
 AGENT_COMMANDS = Counter(
     "graphene_agent_commands", "Agent commands that ended, by kind and status.", ("kind", "status")
 )
-# Drift detection and healing (issue 7) increment these two through drift_detected() /
-# drift_healed() below; every installed kind is exported, at zero until something drifts.
+# Every installed kind is exported for these two, at zero until something drifts.
 DRIFT_DETECTED = Counter("graphene_drift_detected", "Records found drifted by observation, by kind.", ("kind",))
 DRIFT_HEALED = Counter("graphene_drift_healed", "Drifted records brought back to their spec, by kind.", ("kind",))
+SUBSCRIBER_FAILURES = Counter(
+    "graphene_subscriber_failures",
+    "Domain-event subscribers that raised (logged; the emitter's work is unaffected), by event and subscriber.",
+    ("event", "subscriber"),
+)
 
-COUNTERS = (CONVERGE_FAILURES, DELETE_FAILURES, AGENT_COMMANDS, DRIFT_DETECTED, DRIFT_HEALED)
+COUNTERS = (CONVERGE_FAILURES, DELETE_FAILURES, AGENT_COMMANDS, DRIFT_DETECTED, DRIFT_HEALED, SUBSCRIBER_FAILURES)
 HISTOGRAMS = (CONVERGENCE_SECONDS, DELETION_SECONDS, RUN_DURATION_SECONDS)
 # Counters whose label ``kind`` is pre-filled with every installed kind, so they exist at 0.
 _ZERO_BY_KIND = (CONVERGE_FAILURES, DELETE_FAILURES, DRIFT_DETECTED, DRIFT_HEALED)
@@ -203,16 +207,6 @@ def observe(histogram: Histogram, value: float, **labels: str) -> None:
     observe_many(histogram, [value], **labels)
 
 
-def drift_detected(*, kind: str) -> None:
-    """For issue 7 (drift): a record of ``kind`` was found drifted."""
-    inc(DRIFT_DETECTED, kind=kind)
-
-
-def drift_healed(*, kind: str) -> None:
-    """For issue 7 (drift): a drifted record of ``kind`` was brought back to its spec."""
-    inc(DRIFT_HEALED, kind=kind)
-
-
 _UPSERT = (
     "INSERT INTO observability_metrictotal (name, labels, value, updated_at) VALUES {values} "
     "ON CONFLICT (name, labels) DO UPDATE "
@@ -304,15 +298,30 @@ def _family(name: str, help: str, typ: str) -> Metric:
     return Metric(name, help, typ)
 
 
+# Gauges of the apps above this one (runs, agents), read at scrape time: each app registers
+# a function yielding its metric families from its ``AppConfig.ready()``.
+GaugeSource = Callable[[], Iterable[Metric]]
+_gauge_sources: list[GaugeSource] = []
+
+
+def gauges_register(source: GaugeSource) -> None:
+    """Add ``source``'s families to every scrape (after the records' gauge). Idempotent."""
+    if source not in _gauge_sources:
+        _gauge_sources.append(source)
+
+
+def gauge(name: str, help: str) -> Metric:
+    """A new gauge family, for gauge sources."""
+    return _family(name, help, "gauge")
+
+
 class GrapheneCollector(Collector):
     """Reads the database (and the broker) at scrape time. Every query is a GROUP BY over an
     index or a read of a small table: the cost does not grow with the number of records
     beyond an index scan."""
 
     def collect(self) -> Iterator[Metric]:
-        from apps.agents.models import Agent
         from apps.observability.models import MetricTotal
-        from apps.pipelines.models import Pipeline, Run
         from apps.records.models import Record
         from kinds import registry
 
@@ -327,24 +336,8 @@ class GrapheneCollector(Collector):
         for row in Record.objects.order_by().values("kind", "phase").annotate(n=Count("pk")):
             records.add_sample("graphene_records", {"kind": row["kind"], "phase": row["phase"]}, row["n"])
         yield records
-
-        names = dict(Pipeline.objects.values_list("pk", "name"))
-        runs = _family("graphene_runs", "Runs by pipeline and status.", "gauge")
-        for row in Run.objects.order_by().values("pipeline_id", "status").annotate(n=Count("pk")):
-            labels = {"pipeline": names.get(row["pipeline_id"], str(row["pipeline_id"])), "status": row["status"]}
-            runs.add_sample("graphene_runs", labels, row["n"])
-        yield runs
-
-        agents = _family("graphene_agents", "Agents by connection state.", "gauge")
-        counts = Agent.objects.aggregate(
-            connected=Count("pk", filter=Q(session__isnull=False)),
-            lost=Count("pk", filter=Q(session__isnull=True, lost_at__isnull=False)),
-            total=Count("pk"),
-        )
-        disconnected = counts["total"] - counts["connected"] - counts["lost"]
-        for state, n in (("connected", counts["connected"]), ("disconnected", disconnected), ("lost", counts["lost"])):
-            agents.add_sample("graphene_agents", {"state": state}, n)
-        yield agents
+        for source in _gauge_sources:
+            yield from source()
 
         up = _family("graphene_broker_up", "1 if the broker answered this scrape (Redis only).", "gauge")
         depth = _family("graphene_queue_depth", "Messages waiting in each Celery queue (Redis LLEN).", "gauge")

@@ -1,5 +1,5 @@
 """Reads of observability data: a record's (or subtree's) log lines, a record's metric series
-aggregated per step, and a run's trace as a span tree."""
+aggregated per step, and a trace as a span tree."""
 
 from __future__ import annotations
 
@@ -16,9 +16,6 @@ from django.db.models import QuerySet
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
 from apps.observability.services import LOG_WRITER_LOCKS, METRIC_NAME, SEVERITIES, log_sequence
-from apps.observability.tracing import run_span_id, trace_id_of
-from apps.pipelines.choices import RunStatus
-from apps.pipelines.models import Run
 from apps.records.models import Record
 from apps.records.selectors import subtree_of
 
@@ -255,74 +252,66 @@ def _duration_ms(start: datetime | None, end: datetime | None) -> float | None:
     return round((end - start).total_seconds() * 1000, 3)
 
 
-def _node(span: Span) -> dict[str, Any]:
+def span_node(
+    *,
+    trace_id: str,
+    span_id: str,
+    parent_span_id: str | None,
+    name: str,
+    record: str | None,
+    run: str | None,
+    started_at: datetime | None,
+    ended_at: datetime | None,
+    status: str,
+    status_message: str,
+    attributes: dict[str, Any],
+) -> dict[str, Any]:
+    """A node of a trace tree for something that is not a stored span (a run, built from its
+    row): the same shape as a stored span's node."""
     return {
-        "trace_id": span.trace_id,
-        "span_id": span.span_id,
-        "parent_span_id": span.parent_span_id or None,
-        "name": span.name,
-        "record": str(span.record_id) if span.record_id else None,
-        "run": str(span.run_id) if span.run_id else None,
-        "started_at": _iso(span.started_at),
-        "ended_at": _iso(span.ended_at),
-        "duration_ms": _duration_ms(span.started_at, span.ended_at),
-        "status": span.status,
-        "status_message": span.status_message,
-        "attributes": span.attributes,
-        "children": [],
-    }
-
-
-def _run_status(run: Run) -> tuple[str, str]:
-    error_line = (run.error or "").strip().splitlines()[-1:] or [""]
-    if run.status == RunStatus.SUCCEEDED:
-        return SpanStatus.OK, ""
-    if run.status in (RunStatus.FAILED, RunStatus.TIMED_OUT):
-        return SpanStatus.ERROR, error_line[0][:500] or run.status
-    if run.status == RunStatus.CANCELLED:
-        return SpanStatus.UNSET, error_line[0][:500]
-    return SpanStatus.UNSET, ""
-
-
-def _run_node(run: Run, *, parent_span_id: str | None) -> dict[str, Any]:
-    """A run as a span, built from its row (so it is right however the run ended)."""
-    status, status_message = _run_status(run)
-    return {
-        "trace_id": trace_id_of(run.pk),
-        "span_id": run_span_id(run.pk),
+        "trace_id": trace_id,
+        "span_id": span_id,
         "parent_span_id": parent_span_id,
-        "name": f"run {run.pipeline.name}#{run.number}",
-        "record": str(run.record_id) if run.record_id else None,
-        "run": str(run.pk),
-        "started_at": _iso(run.created_at),
-        "ended_at": _iso(run.finished_at),
-        "duration_ms": _duration_ms(run.created_at, run.finished_at),
+        "name": name,
+        "record": record,
+        "run": run,
+        "started_at": _iso(started_at),
+        "ended_at": _iso(ended_at),
+        "duration_ms": _duration_ms(started_at, ended_at),
         "status": status,
         "status_message": status_message,
-        "attributes": {
-            "graphene.pipeline": run.pipeline.name,
-            "graphene.run.number": run.number,
-            "graphene.run.status": run.status,
-            "graphene.run.attempts": run.attempt,
-            "graphene.run.first_started_at": _iso(run.started_at),
-        },
+        "attributes": attributes,
         "children": [],
     }
 
 
-def run_trace(*, run: Run, limit: int = MAX_SPANS) -> dict[str, Any]:
-    """The run's trace as a tree: the run (root), its execution attempts, steps, convergences,
-    deletions and agent commands, children in start order; child runs appear as spans that
-    name their own trace. A span whose parent is missing (not yet written, or lost with a
-    killed worker) hangs under the root."""
-    trace_id = trace_id_of(run.pk)
+def _node(span: Span) -> dict[str, Any]:
+    return span_node(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        parent_span_id=span.parent_span_id or None,
+        name=span.name,
+        record=str(span.record_id) if span.record_id else None,
+        run=str(span.run_id) if span.run_id else None,
+        started_at=span.started_at,
+        ended_at=span.ended_at,
+        status=span.status,
+        status_message=span.status_message,
+        attributes=span.attributes,
+    )
+
+
+def trace_tree(
+    *, trace_id: str, root: dict[str, Any], extra: list[dict[str, Any]], limit: int = MAX_SPANS
+) -> dict[str, Any]:
+    """The stored spans of ``trace_id`` (at most ``limit``) and the ``extra`` nodes as a tree
+    under ``root``, children in start order. A span whose parent is missing (not yet written,
+    or lost with a killed worker) hangs under the root."""
     rows = list(Span.objects.filter(trace_id=trace_id).order_by("started_at", "id")[: limit + 1])
     truncated = len(rows) > limit
     rows = rows[:limit]
-    root = _run_node(run, parent_span_id=None)
     nodes = [_node(span) for span in rows]
-    children_runs = Run.objects.filter(parent_run=run).select_related("pipeline").order_by("group", "group_index")
-    nodes.extend(_run_node(child, parent_span_id=root["span_id"]) for child in children_runs)
+    nodes.extend(extra)
     by_id = {root["span_id"]: root}
     for node in nodes:
         by_id.setdefault(node["span_id"], node)
@@ -338,7 +327,6 @@ def run_trace(*, run: Run, limit: int = MAX_SPANS) -> dict[str, Any]:
     order(root)
     errors = sum(1 for n in [root, *nodes] if n["status"] == SpanStatus.ERROR)
     return {
-        "run": str(run.pk),
         "trace_id": trace_id,
         "span_count": len(nodes) + 1,
         "errors": errors,

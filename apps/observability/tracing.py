@@ -15,9 +15,10 @@ How spans are written, by where they happen:
   finishes, fails or loses its lease), every ``GRAPHENE_RUN_LEASE_SECONDS / 3`` by the
   lease heartbeat, or at 500 buffered spans. A step adds no statement and no transaction. A worker killed with
   SIGKILL loses the spans of its unflushed steps; the journal still has the steps.
-* **Convergence, deletion batches, agent commands**: appended inside the transaction that
-  records the outcome (one bulk INSERT per batch), so a span exists exactly when the outcome
-  was committed.
+* **Convergence, deletion batches, agent commands**: written by the subscribers of the
+  domain events that report them (``subscribers.py``), right after the transaction that
+  records the outcome commits (one bulk INSERT per event). A span never describes an outcome
+  that was rolled back; a process killed between the commit and the INSERT loses that span.
 
 Export: when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, every span written here is also queued,
 once its transaction commits, for export over OTLP/HTTP (``otlp.py``), plus the run's root
@@ -49,8 +50,8 @@ from apps.observability import otlp
 from apps.observability.models import Span, SpanStatus
 
 if TYPE_CHECKING:
+    from apps.core.domain import RecordRef
     from apps.pipelines.models import Run
-    from apps.records.models import Record
 
 logger = logging.getLogger(__name__)
 
@@ -101,20 +102,21 @@ def message(error: BaseException | str) -> str:
 @lru_cache(maxsize=8192)
 def _run_of_root(root_id: str) -> str:
     """The run whose tree a root record is: a run's id is its first root record's id, and a run
-    resumed after its tree was deleted has a newer root (``Run.record``). Immutable, so cached."""
-    from apps.pipelines.models import Run
+    resumed after its tree was deleted has a newer root whose spec names the run
+    (``{"run": id}``). Immutable, so cached."""
+    from apps.records.models import Record
 
-    found = Run.objects.filter(record_id=root_id).values_list("pk", flat=True).first()
-    return str(found or root_id)
+    spec = Record.objects.filter(pk=root_id).values_list("spec", flat=True).first()
+    run = spec.get("run") if isinstance(spec, dict) else None
+    return str(run or root_id)
 
 
-def record_trace(record: Record) -> tuple[str, str, str | None]:
+def record_trace(record: RecordRef) -> tuple[str, str, str | None]:
     """(trace id, parent span id, run id) for work on ``record``: its run's trace under the
     run's root span, or a trace of the record's own."""
-    root = record.created_by_run_id or (record.pk if record.kind == "graphene.run" else None)
-    if root is None:
-        return trace_id_of(record.pk), "", None
-    run_id = _run_of_root(str(root))
+    if record.run_root_id is None:
+        return trace_id_of(record.id), "", None
+    run_id = _run_of_root(record.run_root_id)
     return trace_id_of(run_id), run_span_id(run_id), run_id
 
 

@@ -22,6 +22,37 @@ class RunStatus(models.TextChoices):
 
 
 TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
+
+# The legal moves of a run's status; ``run_transition`` refuses any other and writes a
+# ``RunEvent`` for each. A move to the same status is a new attempt at it (a lost message
+# re-queued, a lease taken over from a dead worker).
+RUN_TRANSITIONS: dict[str, frozenset[str]] = {
+    # its turn came (queue), or a sibling's slot freed up (run_all); or cancelled while waiting
+    RunStatus.WAITING: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED}),
+    # a worker took its lease; re-queued after a lost message; or ended from outside
+    RunStatus.QUEUED: frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.TIMED_OUT}),
+    # ended by its worker or from outside; suspended; given back to the queue (lease expired,
+    # woken while suspending); or taken over by another worker once its lease expired
+    RunStatus.RUNNING: frozenset(
+        {
+            RunStatus.RUNNING,
+            RunStatus.QUEUED,
+            RunStatus.SUSPENDED,
+            RunStatus.SUCCEEDED,
+            RunStatus.FAILED,
+            RunStatus.CANCELLED,
+            RunStatus.TIMED_OUT,
+        }
+    ),
+    # woken (a record settled, its timer came, resumed), taken at once by a worker whose timer
+    # was due, or ended from outside
+    RunStatus.SUSPENDED: frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.TIMED_OUT}),
+    RunStatus.SUCCEEDED: frozenset(),
+    # an ended run that did not succeed can be resumed (replayed from its journal)
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
+    RunStatus.CANCELLED: frozenset({RunStatus.QUEUED}),
+    RunStatus.TIMED_OUT: frozenset({RunStatus.QUEUED}),
+}
 # Holding (or about to hold) the pipeline's turn.
 ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED})
 NOT_ENDED = ACTIVE | {RunStatus.WAITING}

@@ -53,8 +53,8 @@ from apps.agents import services as agents
 from apps.agents.choices import CommandKind
 from apps.agents.models import AgentCommand
 from apps.core.errors import GrapheneError as ServiceError
-from apps.observability import hooks as observability  # observability: spans and step metrics (issue 8)
 from apps.observability.services import log_write
+from apps.observability.tracing import RunTelemetry
 from apps.pipelines import services
 from apps.pipelines.choices import TERMINAL, EntryStatus, RunStatus
 from apps.pipelines.models import JournalEntry, Run, RunWait
@@ -188,7 +188,7 @@ class Execution:
         self.divergence: NonDeterminismError | None = None
         self.lost = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
-        self.telemetry = observability.RunTelemetry(run)  # observability: buffered, written in batches
+        self.telemetry = RunTelemetry(run)  # spans and step metrics, buffered, written in batches
 
     # --- journal -----------------------------------------------------------------------------
 
@@ -1014,7 +1014,7 @@ class Execution:
             raise OutcomeUnknown(message, step=name)
         if guarantee == "at_most_once":
             self._write(seq, call, EntryStatus.STARTED)
-        started_at = observability.now()  # observability
+        started_at = timezone.now()
         attempt = 0
         while True:
             attempt += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -77,6 +78,29 @@ class Run(TimeStampedModel):
 
     def __str__(self) -> str:
         return f"{self.pipeline_id}#{self.number}"
+
+
+class RunEvent(models.Model):
+    """Append-only history of a run's status: each move, why, and who made it (``actor``;
+    none when the system did: a worker, a wake-up, the recovery scan)."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # Empty for the run's creation (its first status).
+    from_status = models.CharField(max_length=20, choices=RunStatus.choices, blank=True)
+    to_status = models.CharField(max_length=20, choices=RunStatus.choices)
+    reason = models.CharField(max_length=80)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "id"], name="runevent_run_id")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_status or '-'} → {self.to_status} ({self.reason})"
 
 
 class RunWait(models.Model):

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
+from apps.observability.models import SpanStatus
+from apps.observability.selectors import span_node, trace_tree
+from apps.observability.tracing import run_span_id, trace_id_of
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import JournalEntry, Pipeline, Run
 
@@ -39,9 +42,66 @@ def run_list(*, user: User, pipeline: str | None = None, statuses: list[str] | N
     return qs
 
 
+def pipeline_run_ids(*, pipeline: str) -> QuerySet[Run, Any]:
+    """The ids of the pipeline's runs (``created_by_run`` of the records they declared)."""
+    return Run.objects.filter(pipeline__name=pipeline).values("pk")
+
+
+def with_pipeline_name(qs: QuerySet[Any]) -> QuerySet[Any]:
+    """Records annotated with ``pipeline_name``: the pipeline of the run that declared them."""
+    return qs.annotate(
+        pipeline_name=Subquery(Run.objects.filter(pk=OuterRef("created_by_run_id")).values("pipeline__name")[:1])
+    )
+
+
 def run_journal(*, run: Run, limit: int) -> list[JournalEntry]:
     return list(JournalEntry.objects.filter(run=run).order_by("seq")[:limit])
 
 
 def pipeline_list() -> QuerySet[Pipeline]:
     return Pipeline.objects.filter(is_loaded=True).order_by("name")
+
+
+def _run_status(run: Run) -> tuple[str, str]:
+    error_line = (run.error or "").strip().splitlines()[-1:] or [""]
+    if run.status == RunStatus.SUCCEEDED:
+        return SpanStatus.OK, ""
+    if run.status in (RunStatus.FAILED, RunStatus.TIMED_OUT):
+        return SpanStatus.ERROR, error_line[0][:500] or run.status
+    if run.status == RunStatus.CANCELLED:
+        return SpanStatus.UNSET, error_line[0][:500]
+    return SpanStatus.UNSET, ""
+
+
+def _run_node(run: Run, *, parent_span_id: str | None) -> dict[str, Any]:
+    """A run as a span, built from its row (so it is right however the run ended)."""
+    status, status_message = _run_status(run)
+    return span_node(
+        trace_id=trace_id_of(run.pk),
+        span_id=run_span_id(run.pk),
+        parent_span_id=parent_span_id,
+        name=f"run {run.pipeline.name}#{run.number}",
+        record=str(run.record_id) if run.record_id else None,
+        run=str(run.pk),
+        started_at=run.created_at,
+        ended_at=run.finished_at,
+        status=status,
+        status_message=status_message,
+        attributes={
+            "graphene.pipeline": run.pipeline.name,
+            "graphene.run.number": run.number,
+            "graphene.run.status": run.status,
+            "graphene.run.attempts": run.attempt,
+            "graphene.run.first_started_at": run.started_at.isoformat() if run.started_at else None,
+        },
+    )
+
+
+def run_trace(*, run: Run) -> dict[str, Any]:
+    """The run's trace as a tree: the run (root), its execution attempts, steps, convergences,
+    deletions and agent commands, children in start order; child runs appear as spans that
+    name their own trace."""
+    root = _run_node(run, parent_span_id=None)
+    children = Run.objects.filter(parent_run=run).select_related("pipeline").order_by("group", "group_index")
+    extra = [_run_node(child, parent_span_id=root["span_id"]) for child in children]
+    return {"run": str(run.pk), **trace_tree(trace_id=trace_id_of(run.pk), root=root, extra=extra)}

@@ -28,6 +28,7 @@ from graphene_sdk import registered
 from pydantic import ValidationError
 
 from apps.agents.models import AgentCommand
+from apps.core import domain
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.observability import metrics
@@ -397,8 +398,12 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
         if run.status in TERMINAL:
             root = Record.objects.filter(pk=run.record_id).first() if run.record_id else None
             if root is None or root.phase == Phase.DELETED or root.deletion_requested_at is not None:
+                # The new tree's root names its run: the run's id is its first root's id only.
                 root = records.record_create_root(
-                    kind="graphene.run", name=f"{run.pipeline.name}#{run.number}", actor=actor
+                    kind="graphene.run",
+                    name=f"{run.pipeline.name}#{run.number}",
+                    spec={"run": str(run.pk)},
+                    actor=actor,
                 )
             fields |= {"record": root, "finished_at": None, "error": "", "outputs": None}
             definition = definition_get(run.pipeline.name)
@@ -431,6 +436,17 @@ def runs_wake(*, targets: Iterable[Any]) -> int:
             _enqueue_on_commit(run.pk)
             woken += 1
     return woken
+
+
+def runs_wake_on_records(event: domain.RecordsSettled) -> None:
+    """Subscriber: records settled; the runs suspended on one of them go again."""
+    runs_wake(targets=event.record_ids)
+
+
+def runs_wake_on_command(event: domain.CommandFinished) -> None:
+    """Subscriber: an agent command a run waits on (``exec``, ``call`` ...) ended."""
+    if event.waiting_record_id is None and not event.awaited_in_place:
+        runs_wake(targets=[event.command_id])
 
 
 def targets_settled(targets: Iterable[Any]) -> set[str]:

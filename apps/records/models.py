@@ -11,6 +11,7 @@ from django.db.models import Q
 from mptt.managers import TreeManager
 from mptt.models import MPTTModel, TreeForeignKey
 
+from apps.core.domain import RecordRef
 from apps.core.models import TimeStampedModel
 from apps.records.choices import ROOT_KINDS, DriftPolicy, EventType, Phase
 
@@ -117,6 +118,20 @@ class Record(MPTTModel, TimeStampedModel):
     @property
     def is_root(self) -> bool:
         return self.parent_id is None
+
+    def ref(self) -> RecordRef:
+        """This record as domain events carry it: a snapshot of what subscribers may read."""
+        run_root = self.created_by_run_id or (self.pk if self.kind == "graphene.run" else None)
+        return RecordRef(
+            id=str(self.pk),
+            kind=self.kind,
+            name=self.name,
+            run_root_id=str(run_root) if run_root is not None else None,
+            generation=self.generation,
+            attempts=self.attempts,
+            created_at=self.created_at,
+            deletion_requested_at=self.deletion_requested_at,
+        )
 
 
 class Event(models.Model):

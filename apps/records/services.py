@@ -43,10 +43,9 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from apps.core import domain
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
-from apps.observability import hooks as observability  # observability: spans and metrics (issue 8)
-from apps.observability import metrics
 from apps.records.choices import ROOT_KINDS, TRANSITIONS, DriftPolicy, EventType, Phase
 from apps.records.models import Event, Record
 from kinds import Drift, Kind, KindError, NotYet, Observed, PermanentError, UnknownKind, get_kind, registry
@@ -164,7 +163,7 @@ def _transition(
     Event.objects.bulk_create(events)
     _notify(r.pk for r in records)
     if to in _SETTLING:
-        _wake_runs_on_commit(records)
+        domain.emit(domain.RecordsSettled(record_ids=tuple(str(r.pk) for r in records)))
 
 
 def record_transition(
@@ -200,24 +199,9 @@ def record_event_write(
     return event
 
 
-# A run waiting on a record (``Resource.ready()``) is woken when the record reaches one of
-# these; DELETED and DELETE_FAILED always follow DELETING, which already woke it.
+# Whatever waits on a record (a run's ``Resource.ready()``) is told when it reaches one of
+# these (``RecordsSettled``); DELETED and DELETE_FAILED always follow DELETING, which told it.
 _SETTLING = frozenset({Phase.READY, Phase.CREATE_FAILED, Phase.DRIFTED, Phase.DELETING})
-
-
-def _wake_runs_on_commit(records: Sequence[Record]) -> None:
-    """Tell runs waiting on these records (an explicit call into pipelines, not a signal)."""
-    targets = [str(r.pk) for r in records]
-
-    def wake() -> None:
-        from apps.pipelines.services import runs_wake
-
-        try:
-            runs_wake(targets=targets)
-        except Exception:  # the runs' recovery scan finds them if this hint is lost
-            logger.warning("could not wake runs waiting on %d record(s)", len(targets), exc_info=True)
-
-    transaction.on_commit(wake)
 
 
 _local_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -552,7 +536,7 @@ def _enqueue_converge_on_commit(record_id: Any, countdown: float = 0) -> None:
 
 def record_converge(*, record_id: Any) -> None:
     """Bring one record's external object to its spec through the kind's adopt-or-create."""
-    started_at = observability.now()  # observability
+    started_at = timezone.now()
     with operation_lock(record_id):
         with transaction.atomic():
             record = Record.objects.select_for_update(no_key=True).filter(pk=record_id).first()
@@ -572,7 +556,10 @@ def record_converge(*, record_id: Any) -> None:
             _converge_later(record_id=record_id, retry_in=wait.retry_in)
             return
         except Exception as exc:
-            observability.converge_failed(record, started_at, exc)  # observability
+            failed = domain.RecordConvergeFailed(
+                record=record.ref(), started_at=started_at, ended_at=timezone.now(), error=_error_text(exc)
+            )
+            domain.emit(failed)  # outside a transaction: delivered now, before the failure settles the record
             _converge_failed(record_id=record_id, error=exc)
             return
         with transaction.atomic():
@@ -585,13 +572,18 @@ def record_converge(*, record_id: Any) -> None:
                 Record.objects.filter(pk=record.pk).update(outputs=outputs)
                 _enqueue_converge_on_commit(record.pk)
                 return
-            observability.converged(record, started_at, outputs)  # observability: before phase changes
             now = timezone.now()
-            if record.healing:
-                reason = "Healed"
-                metrics.drift_healed(kind=record.kind)  # observability
-            else:
-                reason = "Updated" if record.phase == Phase.UPDATING else "Created"
+            domain.emit(
+                domain.RecordConverged(
+                    record=record.ref(),
+                    started_at=started_at,
+                    ended_at=now,
+                    created=record.phase != Phase.UPDATING,
+                    adopted=bool(outputs.get("adopted")) if isinstance(outputs, dict) else False,
+                    healed=record.healing,
+                )
+            )
+            reason = "Healed" if record.healing else "Updated" if record.phase == Phase.UPDATING else "Created"
             _transition(
                 [record],
                 Phase.READY,
@@ -826,7 +818,7 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         if resumed:
             Record.objects.filter(pk__in=resumed).update(**lease)
 
-    started_at = observability.now()  # observability
+    started_at = timezone.now()
     results = _run_deletes(claim, wait_for_create)
 
     with transaction.atomic():
@@ -846,7 +838,15 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         claim = [r for r in claim if not isinstance(results[r.pk], NotYet)]
         if waiting:
             _delete_later(waiting, results, now)
-        observability.deleted(claim, results, started_at)  # observability: before phases change
+        if claim:
+            domain.emit(
+                domain.RecordsDeleted(
+                    records=tuple(r.ref() for r in claim),  # as they were before the phases change
+                    errors={str(r.pk): _error_or_none(results[r.pk]) for r in claim},
+                    started_at=started_at,
+                    ended_at=now,
+                )
+            )
         _transition(
             done,
             Phase.DELETED,
@@ -864,6 +864,10 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
             if error is not None:
                 _delete_failed(record, error)
         return _ready_parents(parent_ids)
+
+
+def _error_or_none(error: BaseException | None) -> str | None:
+    return None if error is None else _error_text(error)
 
 
 def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
@@ -1237,7 +1241,7 @@ def _drift_handle(record_id: Any, drifts: list[Drift] | None, now: datetime) -> 
             at=now,
         )
     )
-    metrics.drift_detected(kind=record.kind)  # observability
+    domain.emit(domain.RecordDrifted(record=record.ref(), gone=gone))
     if record.drift_policy == DriftPolicy.HEAL:
         _transition(
             [record],

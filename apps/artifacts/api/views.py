@@ -32,6 +32,7 @@ from apps.api.pagination import NewestFirst
 from apps.artifacts import blobs, selectors, services
 from apps.artifacts.api.serializers import ArtifactOutput
 from apps.core.errors import ValidationFailed
+from apps.pipelines import selectors as run_selectors
 from apps.records import selectors as record_selectors
 from apps.records.api.views import int_param
 from apps.records.choices import Phase
@@ -102,6 +103,12 @@ def _one(options: Mapping[str, Any], key: str) -> str | None:
     return str(values[0]) if values else None
 
 
+def _artifact(request: Request, pk: Any) -> Record:
+    """The artifact, with the name of the pipeline whose run published it."""
+    among = run_selectors.with_pipeline_name(selectors.artifacts_visible(user=request.user))
+    return selectors.artifact_get(user=request.user, artifact_id=pk, among=among)
+
+
 class ArtifactViewSet(viewsets.GenericViewSet[Record]):
     """Artifacts: bytes in Graphene's blob store, each held by a record (owner, TTL, cascade)."""
 
@@ -113,20 +120,22 @@ class ArtifactViewSet(viewsets.GenericViewSet[Record]):
     @extend_schema(parameters=LIST_PARAMS, responses=ArtifactOutput(many=True))
     def list(self, request: Request) -> Response:
         params = request.query_params
+        pipeline = params.get("pipeline")
         qs = selectors.artifact_list(
             user=request.user,
             name=params.get("name"),
-            pipeline=params.get("pipeline"),
+            pipeline=pipeline,
+            published_by=run_selectors.pipeline_run_ids(pipeline=pipeline) if pipeline else None,
             run=params.get("run"),
             labels=record_selectors.parse_label_selector(params.getlist("label")),
             include_deleted=params.get("include_deleted", "").lower() in {"1", "true", "yes"},
         )
-        page = self.paginate_queryset(qs)
+        page = self.paginate_queryset(run_selectors.with_pipeline_name(qs))
         return self.get_paginated_response(ArtifactOutput(page, many=True, context={"request": request}).data)
 
     @extend_schema(responses=ArtifactOutput)
     def retrieve(self, request: Request, pk: str) -> Response:
-        record = selectors.artifact_get(user=request.user, artifact_id=pk)
+        record = _artifact(request, pk)
         return Response(ArtifactOutput(record, context={"request": request}).data)
 
     @extend_schema(
@@ -179,7 +188,7 @@ class ArtifactViewSet(viewsets.GenericViewSet[Record]):
             expires_at=timezone.now() + timedelta(seconds=ttl) if ttl else None,
             actor=request.user,
         )
-        record = selectors.artifact_get(user=request.user, artifact_id=record.pk)
+        record = _artifact(request, record.pk)
         return Response(
             ArtifactOutput(record, context={"request": request}).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
@@ -195,7 +204,7 @@ class ArtifactViewSet(viewsets.GenericViewSet[Record]):
     @action(detail=True, methods=["get"], url_path="content", renderer_classes=[JSONRenderer, AnyRenderer])
     def content(self, request: Request, pk: str) -> HttpResponse | StreamingHttpResponse:
         """Download the bytes (streamed; ``If-None-Match`` with the ETag answers 304)."""
-        record = selectors.artifact_get(user=request.user, artifact_id=pk)
+        record = _artifact(request, pk)
         if record.phase == Phase.DELETED:
             raise services.ArtifactNotFound(f"artifact {record.spec.get('name')!r} ({record.pk}) has been deleted")
         sha256 = str(record.spec["sha256"])

@@ -105,4 +105,4 @@ class RunTraceView(APIView):
     @extend_schema(operation_id="runs_trace", responses=_TraceOutput)
     def get(self, request: Request, pk: str) -> Response:
         run = run_selectors.run_get(user=request.user, run_id=pk)
-        return Response(selectors.run_trace(run=run))
+        return Response(run_selectors.run_trace(run=run))
