@@ -73,21 +73,11 @@ class Machines(RecordRules):
         capability name to ``(version, labels)``, as ``ctx.publish_capability`` would publish it."""
         if not name:
             raise ValueError("an agent needs a name")
-        record = Record(
-            id=self._new_id(),
-            kind="agent",
-            name=name,
-            spec={},
-            labels=dict(labels or {}),
-            owner="stand:machines",
-            declared_by="",
-            created_at=self._now,
-            settles_at=self._now,
-            phase="ready",
+        record = self._insert(
+            kind="agent", name=name, spec={}, labels=dict(labels or {}), owner="stand:machines", declared_by=""
         )
+        record.phase = "ready"
         record.outputs = {"id": record.id, "kind": "agent", "name": name}
-        record.position = next(self._positions)
-        self._records[record.id] = record
         self.capabilities[record.id] = {k: (v, dict(ls)) for k, (v, ls) in (capabilities or {}).items()}
         return record
 

@@ -40,6 +40,10 @@ def to_json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+def _refused(label: str, why: str) -> ResourceFailed:
+    return ResourceFailed(f"cannot declare {label}: {why}")
+
+
 class RecordRules:
     """The world's store (records, runs, the clock's reading) and the rules that change it.
 
@@ -58,6 +62,25 @@ class RecordRules:
     def _new_id(self) -> str:
         # Deterministic, uuid-shaped ids: the same test makes the same ids every time.
         return str(uuid.UUID(int=next(self._ids), version=4))
+
+    def _insert(
+        self, *, kind: str, name: str, spec: dict[str, Any], labels: dict[str, str], owner: str, declared_by: str
+    ) -> Record:
+        """A new record, created now (phase ``pending``), as its owner's last record."""
+        record = Record(
+            id=self._new_id(),
+            kind=kind,
+            name=name,
+            spec=spec,
+            labels=labels,
+            owner=owner,
+            declared_by=declared_by,
+            created_at=self._now,
+            settles_at=self._now,
+        )
+        record.position = next(self._positions)
+        self._records[record.id] = record
+        return record
 
     def _owned_by(self, owner: str) -> list[Record]:
         """The live records ``owner`` owns directly, in order."""
@@ -136,86 +159,67 @@ class RecordRules:
         children: Sequence[str],
     ) -> str:
         label = f"{kind}/{name}"
-
-        def refuse(why: str) -> ResourceFailed:
-            return ResourceFailed(f"cannot declare {label}: {why}")
-
         if kind in _ROOT_KINDS:
-            raise refuse(f"{kind} records are roots and cannot be owned")
+            raise _refused(label, f"{kind} records are roots and cannot be owned")
         if not kind:
-            raise refuse("a kind is required")
+            raise _refused(label, "a kind is required")
         if not name or len(name) > 253:
-            raise refuse("name must be 1-253 characters")
+            raise _refused(label, "name must be 1-253 characters")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-            raise refuse("labels must map strings to strings")
+            raise _refused(label, "labels must map strings to strings")
         try:
             document: dict[str, Any] = to_json(dict(spec))
         except (TypeError, ValueError) as exc:
-            raise refuse(f"the spec is not JSON: {exc}") from None
+            raise _refused(label, f"the spec is not JSON: {exc}") from None
         root = f"run:{run.run_id}"
-        owner = root
+        owner_record = None
         if parent is not None:
-            owner_record = self._records.get(parent)
-            if owner_record is None:
-                raise refuse(f"parent {parent} does not exist")
-            if not owner_record.alive:
-                raise refuse(f"parent {owner_record.label} ({parent}) is deleted; it cannot own new records")
-            if self._root(owner_record) != root:
-                raise refuse(f"parent {parent} is not a record owned by this run: {self._chain(owner_record)}")
-            owner = f"record:{parent}"
+            owner_record = self._run_owned(label, "parent", parent, root, deleted="; it cannot own new records")
+        owner = root if owner_record is None else f"record:{owner_record.id}"
         record = self._clash(owner, kind, name)
-        given = self._check_children(label, root, parent, children)
+        given = self._check_children(label, root, owner_record, children)
         if record is not None:  # re-declaring: the same record, a new generation if the spec changed
             for child in given:  # (checked first: a refused declaration changes nothing)
                 if child is record:
-                    raise refuse("a record cannot own itself")
+                    raise _refused(label, "a record cannot own itself")
                 if self._clash(f"record:{record.id}", child.kind, child.name) not in (None, child):
-                    raise refuse(f"it already owns a live {child.label}")
+                    raise _refused(label, f"it already owns a live {child.label}")
             if (record.spec, record.labels) != (document, dict(labels)):
                 record.spec, record.labels, record.generation = document, dict(labels), record.generation + 1
                 self._start_converging(record, "updating" if record.phase == "ready" else "pending")
         else:
-            record = Record(
-                id=self._new_id(),
-                kind=kind,
-                name=name,
-                spec=document,
-                labels=dict(labels),
-                owner=owner,
-                declared_by=run.run_id,
-                created_at=self._now,
-                settles_at=self._now,
+            record = self._insert(
+                kind=kind, name=name, spec=document, labels=dict(labels), owner=owner, declared_by=run.run_id
             )
-            record.position = next(self._positions)
-            self._records[record.id] = record
             self._start_converging(record, "pending")
         for child in given:
             if child.owner != f"record:{record.id}":
                 self._move(child, f"record:{record.id}", expires_at=child.expires_at)
         return record.id
 
-    def _check_children(self, label: str, root: str, parent: str | None, children: Sequence[str]) -> list[Record]:
+    def _check_children(self, label: str, root: str, parent: Record | None, children: Sequence[str]) -> list[Record]:
         given: list[Record] = []
-        chain: list[Record] = []
-        if parent is not None:
-            owner_record = self._records[parent]
-            chain = [owner_record, *self._ancestors(owner_record)]
+        chain = [] if parent is None else [parent, *self._ancestors(parent)]
         for child_id in children:
-            child = self._records.get(child_id)
-            if child is None:
-                raise ResourceFailed(f"cannot declare {label}: child {child_id} does not exist")
-            if not child.alive:
-                raise ResourceFailed(f"cannot declare {label}: child {child.label} ({child_id}) is deleted")
-            if self._root(child) != root:
-                raise ResourceFailed(
-                    f"cannot declare {label}: child {child_id} is not a record owned by this run: {self._chain(child)}"
-                )
+            child = self._run_owned(label, "child", child_id, root)
             if child in chain:
-                raise ResourceFailed(f"cannot declare {label}: its own ancestor {child.label} cannot be its child")
+                raise _refused(label, f"its own ancestor {child.label} cannot be its child")
             if any(g.kind == child.kind and g.name == child.name for g in given):
-                raise ResourceFailed(f"cannot declare {label}: two children are {child.label}")
+                raise _refused(label, f"two children are {child.label}")
             given.append(child)
         return given
+
+    def _run_owned(self, label: str, role: str, record_id: str, root: str, *, deleted: str = "") -> Record:
+        """The live record a declaration names as its ``role`` (parent or child): one that the
+        run ``root`` owns, directly or below its records. Otherwise the declaration is refused."""
+        record = self._records.get(record_id)
+        if record is None:
+            raise _refused(label, f"{role} {record_id} does not exist")
+        if not record.alive:
+            raise _refused(label, f"{role} {record.label} ({record_id}) is deleted{deleted}")
+        if self._root(record) != root:
+            raise _refused(label, f"{role} {record_id} is not a record owned by this run: {self._chain(record)}")
+        return record
 
     def _start_converging(self, record: Record, phase: Phase) -> None:
         behaviour = self._kinds.get(record.kind, KindBehaviour())

@@ -284,20 +284,9 @@ class World(Machines):
         if self._clash(stand, "artifact", name) is not None:
             raise ValueError(f"{stand} already holds an artifact named {name!r}")
         self.blobs[sha256] = raw
-        record = Record(
-            id=self._new_id(),
-            kind="artifact",
-            name=name,
-            spec={"name": name, "sha256": sha256, "size": len(raw), "content_type": content_type},
-            labels={},
-            owner=stand,
-            declared_by="",
-            created_at=self._now,
-            settles_at=self._now,
-            expires_at=self._now + keep_for if keep_for else None,
-        )
-        record.position = next(self._positions)
-        self._records[record.id] = record
+        spec = {"name": name, "sha256": sha256, "size": len(raw), "content_type": content_type}
+        record = self._insert(kind="artifact", name=name, spec=spec, labels={}, owner=stand, declared_by="")
+        record.expires_at = self._now + keep_for if keep_for else None
         self._start_converging(record, "pending")
         return record
 
