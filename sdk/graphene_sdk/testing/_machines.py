@@ -109,8 +109,7 @@ class Machines(RecordRules):
 
     def _attach(self, name_or_id: str, needs: list[dict[str, Any]]) -> Record:
         """The one live agent with this name or id, if it meets ``needs`` (``ctx.attach_agent``)."""
-        live = [r for r in self._records.values() if r.kind == "agent" and r.alive]
-        found = [r for r in live if name_or_id in (r.id, r.name)]
+        found = [r for r in self._live("agent") if name_or_id in (r.id, r.name)]
         if not found:
             raise ResourceFailed(f"cannot attach agent {name_or_id}: no live agent has that name or id")
         if len(found) > 1:
@@ -124,11 +123,8 @@ class Machines(RecordRules):
         """The live agents with these labels that meet ``needs``, by name (``ctx.select_agents``)."""
         chosen = [
             r
-            for r in self._records.values()
-            if r.kind == "agent"
-            and r.alive
-            and all(r.labels.get(k) == v for k, v in labels.items())
-            and not self._unmet(r, needs)
+            for r in self._live("agent")
+            if all(r.labels.get(k) == v for k, v in labels.items()) and not self._unmet(r, needs)
         ]
         return sorted(chosen, key=lambda r: (r.name, r.id))
 

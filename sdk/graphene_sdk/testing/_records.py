@@ -86,6 +86,10 @@ class RecordRules:
         """The live records ``owner`` owns directly, in order."""
         return sorted((r for r in self._records.values() if r.owner == owner and r.alive), key=lambda r: r.position)
 
+    def _live(self, kind: str) -> list[Record]:
+        """The live records of ``kind``, oldest first."""
+        return [r for r in self._records.values() if r.kind == kind and r.alive]
+
     def _clash(self, owner: str, kind: str, name: str) -> Record | None:
         return next((r for r in self._owned_by(owner) if r.kind == kind and r.name == name), None)
 

@@ -37,9 +37,12 @@ class WorldRuntime:
         self._pipeline = pipeline
         self.deadline = run.started_at + pipeline.timeout if pipeline.timeout else None
 
-    def _check(self) -> None:
+    def _check_running(self) -> None:
         if self._run.status != "running":
             raise RuntimeError(f"run {self.run_id} has ended ({self._run.status}); its Context cannot be used")
+
+    def _check(self) -> None:
+        self._check_running()
         if self.deadline is not None and self._world.now >= self.deadline:
             raise TimedOut
 
@@ -157,10 +160,7 @@ class WorldRuntime:
         guarantee: Literal["at_least_once", "at_most_once"],
     ) -> dict[str, Any]:
         self._check()
-        record = self._record(record_id, label, "run a command on")
-        if not record.alive:
-            raise ResourceFailed(f"cannot run a command on {label}: it is deleted", record_id=record_id)
-        return self._world._run_command(record, argv)
+        return self._world._run_command(self._agent(record_id, label, "run a command on"), argv)
 
     def attach_agent(self, name_or_id: str, needs: list[dict[str, Any]]) -> dict[str, Any]:
         self._check()
@@ -178,10 +178,11 @@ class WorldRuntime:
         record = self._agent(record_id, label)
         self._world.capabilities.setdefault(record.id, {})[name] = (version, dict(labels))
 
-    def _agent(self, record_id: str, label: str) -> Record:
-        record = self._record(record_id, label, "act on")
+    def _agent(self, record_id: str, label: str, action: str = "act on") -> Record:
+        """The live record of the agent a run acts on (``action`` words the refusal)."""
+        record = self._record(record_id, label, action)
         if not record.alive:
-            raise ResourceFailed(f"cannot act on {label}: it is deleted", record_id=record_id)
+            raise ResourceFailed(f"cannot {action} {label}: it is deleted", record_id=record_id)
         return record
 
     def agent_put_file(self, record_id: str, label: str, path: str, data: bytes, mode: int) -> dict[str, Any]:
@@ -262,9 +263,7 @@ class WorldRuntime:
         self._wait_until(self._world.now + timedelta(seconds=seconds))
 
     def log(self, message: str, level: str) -> None:
-        # No deadline check: in the engine a log line is not a journaled call.
-        if self._run.status != "running":
-            raise RuntimeError(f"run {self.run_id} has ended ({self._run.status}); its Context cannot be used")
+        self._check_running()  # no deadline check: in the engine a log line is not a journaled call
         self._run.logs.append(LogLine(at=self._world.now, level=level, message=message))
 
     # Artifacts: as in the engine, a published artifact is handed to the stand at once, its
@@ -305,10 +304,8 @@ class WorldRuntime:
         stand = f"stand:{pipeline or self._pipeline.name}"
         found = [
             r
-            for r in world._records.values()
-            if r.kind == "artifact"
-            and r.alive
-            and (r.id == name_or_id or (r.spec.get("name") == name_or_id and world._root(r) == stand))
+            for r in world._live("artifact")
+            if r.id == name_or_id or (r.spec.get("name") == name_or_id and world._root(r) == stand)
         ]
         if not found:
             raise ResourceFailed(
