@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import mimetypes
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -274,19 +273,14 @@ class WorldRuntime:
         self._check()
         world = self._world
         raw = data if isinstance(data, bytes) else Path(data).read_bytes()
-        sha256 = hashlib.sha256(raw).hexdigest()
-        spec = {
-            "name": name,
-            "sha256": sha256,
-            "size": len(raw),
-            "content_type": content_type or mimetypes.guess_type(name)[0] or "application/octet-stream",
-        }
+        content_type = content_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+        spec = world._artifact_spec(name, raw, content_type)
         number = [r.run_id for r in world._runs.values() if r.pipeline == self._pipeline.name].index(self.run_id) + 1
         stand, record_name = f"stand:{self._pipeline.name}", f"{name}@run-{number}"
         expires_at = world.now + timedelta(seconds=keep_for) if keep_for else None
         record = world._clash(stand, "artifact", record_name)
         if record is not None:
-            if record.spec["sha256"] != sha256:
+            if record.spec["sha256"] != spec["sha256"]:
                 raise ResourceFailed(
                     f"cannot publish artifact {name!r}: artifact {name!r} of this run already exists with other content"
                 )
@@ -295,7 +289,7 @@ class WorldRuntime:
         else:
             record = world._records[world._declare(self._run, "artifact", record_name, spec, labels, None, ())]
             world._move(record, stand, expires_at=expires_at)
-        world.blobs[sha256] = raw
+        world.blobs[spec["sha256"]] = raw
         return {"id": record.id, **record.spec}
 
     def attach_artifact(self, name_or_id: str, pipeline: str | None) -> dict[str, Any]:
@@ -319,4 +313,4 @@ class WorldRuntime:
         record = self._world._records.get(artifact_id)
         if record is None or record.kind != "artifact" or not record.alive:
             raise ResourceFailed(f"cannot read artifact {artifact_id}: it does not exist or was deleted")
-        return self._world.blobs[str(record.spec["sha256"])]
+        return self._world._blob(record)

@@ -26,6 +26,11 @@ def _delta(value: timedelta | None, days: float, hours: float, minutes: float, s
     return (value or timedelta()) + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
 
+def _stand(pipeline: Pipeline[Any, Any] | str) -> str:
+    """The owner key of the pipeline's stand."""
+    return f"stand:{pipeline if isinstance(pipeline, str) else pipeline.name}"
+
+
 class World(Machines):
     """An in-memory Graphene: records, runs, stands and a virtual clock.
 
@@ -256,8 +261,7 @@ class World(Machines):
 
     def stand(self, pipeline: Pipeline[Any, Any] | str) -> list[Record]:
         """What the pipeline's stand holds directly (each with its ``expires_at``), in arrival order."""
-        name = pipeline if isinstance(pipeline, str) else pipeline.name
-        return self._owned_by(f"stand:{name}")
+        return self._owned_by(_stand(pipeline))
 
     def subtree(self, record: HandleLike) -> list[Record]:
         """The record and every live record below it, parents before children."""
@@ -278,13 +282,12 @@ class World(Machines):
     ) -> Record:
         """An artifact on ``pipeline``'s stand, as an upload would put it there (for a pipeline
         under test that attaches an artifact another pipeline published)."""
-        stand = f"stand:{pipeline if isinstance(pipeline, str) else pipeline.name}"
+        stand = _stand(pipeline)
         raw = data.encode() if isinstance(data, str) else bytes(data)
-        sha256 = hashlib.sha256(raw).hexdigest()
         if self._clash(stand, "artifact", name) is not None:
             raise ValueError(f"{stand} already holds an artifact named {name!r}")
-        self.blobs[sha256] = raw
-        spec = {"name": name, "sha256": sha256, "size": len(raw), "content_type": content_type}
+        spec = self._artifact_spec(name, raw, content_type)
+        self.blobs[spec["sha256"]] = raw
         record = self._insert(kind="artifact", name=name, spec=spec, labels={}, owner=stand, declared_by="")
         record.expires_at = self._now + keep_for if keep_for else None
         self._start_converging(record, "pending")
@@ -295,7 +298,16 @@ class World(Machines):
         record = self.get(artifact.id if isinstance(artifact, ArtifactRef) else artifact)
         if record.kind != "artifact":
             raise LookupError(f"{record.label} is not an artifact")
-        return self.blobs[str(record.spec["sha256"])]
+        return self._blob(record)
+
+    @staticmethod
+    def _artifact_spec(name: str, raw: bytes, content_type: str) -> dict[str, Any]:
+        """An artifact record's spec (an upload's or a publish's); the bytes go to ``blobs``."""
+        sha256 = hashlib.sha256(raw).hexdigest()
+        return {"name": name, "sha256": sha256, "size": len(raw), "content_type": content_type}
+
+    def _blob(self, artifact: Record) -> bytes:
+        return self.blobs[str(artifact.spec["sha256"])]
 
     # --- acting as an operator (what the API, CLI or Studio would do) -------------------------
 
@@ -380,7 +392,7 @@ class World(Machines):
         if isinstance(owner, RunResult):
             return f"run:{owner.run_id}"
         if isinstance(owner, Pipeline):
-            return f"stand:{owner.name}"
+            return _stand(owner)
         if isinstance(owner, Resource | Attached | Record):
             return f"record:{owner.id}"
         if owner.startswith(("run:", "record:", "stand:")) and owner.partition(":")[2]:
