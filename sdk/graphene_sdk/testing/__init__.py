@@ -30,6 +30,10 @@ between runs (``world.run`` runs one run at a time, to its end; ``run_all`` runs
 children one after another, which honours any ``concurrency`` limit).
 """
 
+# The kit lives in private modules: _results (what a run leaves), _records (the ownership
+# rules), _machines (agents and their machines), _world (World) and _runtime (what a run's
+# Context calls). Besides ``__all__``, the handler types and ``run_source`` stay importable
+# from here, as they were when the kit was one module.
 from graphene_sdk.testing._machines import CallFn as CallFn
 from graphene_sdk.testing._machines import ExecFn as ExecFn
 from graphene_sdk.testing._machines import run_source as run_source

@@ -54,6 +54,8 @@ class Machines(RecordRules):
         # (``ctx.publish_capability``, ``World.add_agent``; matched by ``need(...)``).
         self.capabilities: dict[str, dict[str, tuple[str, dict[str, str]]]] = {}
 
+    # --- configuration -----------------------------------------------------------------------
+
     def on_exec(self, handler: ExecFn) -> None:
         """How agents answer ``agent.exec``: ``handler(agent_name, argv) -> (exit, stdout, stderr)``.
 

@@ -49,7 +49,7 @@ class World(Machines):
         # The blob store: artifacts' bytes by sha256 (``ctx.publish_artifact``, ``put_artifact``).
         self.blobs: dict[str, bytes] = {}
 
-    # --- configuration (agents and their machines: see ``Machines``) --------------------------
+    # --- configuration (agents and their machines: see ``Machines``) -------------------------
 
     def kind(
         self,
