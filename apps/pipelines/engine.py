@@ -57,7 +57,7 @@ from apps.observability.services import log_write
 from apps.observability.tracing import RunTelemetry
 from apps.pipelines import services
 from apps.pipelines.choices import TERMINAL, EntryStatus, RunStatus
-from apps.pipelines.models import JournalEntry, Run, RunWait
+from apps.pipelines.models import JournalEntry, Run
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -1128,65 +1128,6 @@ class _Heartbeat(threading.Thread):
             connection.close()
 
 
-def _acquire(run_id: Any) -> tuple[Run, uuid.UUID] | None:
-    """Take the run's lease if it is queued (or its previous holder's lease expired)."""
-    now = timezone.now()
-    with transaction.atomic():
-        run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
-        if run is None:
-            return None
-        expired = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)
-        timer_due = run.status == RunStatus.SUSPENDED and run.wake_at is not None and run.wake_at <= now
-        if run.status != RunStatus.QUEUED and not expired and not timer_due:
-            return None
-        token = uuid.uuid4()
-        services._set_status(
-            run,
-            RunStatus.RUNNING,
-            lease_token=token,
-            lease_expires_at=now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS),
-            attempt=run.attempt + 1,
-            started_at=run.started_at or now,
-            waiting_on=[],
-            wake_at=None,
-        )
-    return run, token
-
-
-def _suspend(
-    execution: Execution, waiting_on: list[str], wake_at: datetime | None, until: Callable[[], bool] | None = None
-) -> None:
-    def happened() -> bool:
-        if until is not None:
-            return until()
-        return bool(waiting_on) and bool(services.targets_settled(waiting_on))
-
-    with transaction.atomic():
-        run = Run.objects.select_for_update(no_key=True).get(pk=execution.run.pk)
-        if run.lease_token != execution.token or run.status != RunStatus.RUNNING:
-            return
-        RunWait.objects.filter(run=run).delete()
-        RunWait.objects.bulk_create([RunWait(run=run, target=target) for target in waiting_on])
-        settled = happened()
-        due = wake_at is not None and wake_at <= timezone.now()
-        if settled or due:
-            # What we wait for happened while we were unwinding: go again at once.
-            RunWait.objects.filter(run=run).delete()
-            services._set_status(run, RunStatus.QUEUED, lease_token=None, lease_expires_at=None)
-            services._enqueue_on_commit(run.pk)
-            return
-        services._set_status(
-            run, RunStatus.SUSPENDED, lease_token=None, lease_expires_at=None, waiting_on=waiting_on, wake_at=wake_at
-        )
-        if wake_at is not None:
-            services._enqueue_on_commit(run.pk, countdown=max(0.0, (wake_at - timezone.now()).total_seconds()))
-    # A target that settled while the transaction above ran looked for our RunWait rows before
-    # they were committed and found none: its wake-up is lost. Looking again after our commit
-    # closes the gap — whatever settles later finds the rows.
-    if waiting_on and happened():
-        services.runs_wake(targets=waiting_on)
-
-
 def _output(definition: Definition[Any, Any], value: Any) -> Any:
     if value is None:
         return None
@@ -1200,7 +1141,7 @@ def _output(definition: Definition[Any, Any], value: Any) -> Any:
 def run_execute(*, run_id: Any) -> None:
     """Execute (replay) a run until it ends or suspends. The Celery task's body."""
     close_old_connections()
-    acquired = _acquire(run_id)
+    acquired = services.run_lease_acquire(run_id=run_id)
     if acquired is None:
         return
     run, token = acquired
@@ -1230,7 +1171,13 @@ def run_execute(*, run_id: Any) -> None:
             outputs = _output(definition, value)
         except _Suspend as suspend:
             execution.telemetry.end("suspended")  # observability: written before the run's status changes
-            _suspend(execution, suspend.waiting_on, suspend.wake_at, suspend.until)
+            services.run_suspend(
+                run_id=run.pk,
+                token=token,
+                waiting_on=suspend.waiting_on,
+                wake_at=suspend.wake_at,
+                until=suspend.until,
+            )
             return
         except _Fenced:
             execution.telemetry.end("fenced")  # observability

@@ -13,7 +13,7 @@ from apps.observability.models import SpanStatus
 from apps.observability.selectors import span_node, trace_tree
 from apps.observability.tracing import run_span_id, trace_id_of
 from apps.pipelines.choices import RunStatus
-from apps.pipelines.models import JournalEntry, Pipeline, Run
+from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -56,6 +56,11 @@ def with_pipeline_name(qs: QuerySet[Any]) -> QuerySet[Any]:
 
 def run_journal(*, run: Run, limit: int) -> list[JournalEntry]:
     return list(JournalEntry.objects.filter(run=run).order_by("seq")[:limit])
+
+
+def run_events(*, run: Run) -> QuerySet[RunEvent]:
+    """The run's status history, oldest first."""
+    return RunEvent.objects.filter(run=run).select_related("actor").order_by("id")
 
 
 def pipeline_list() -> QuerySet[Pipeline]:

@@ -399,6 +399,11 @@ def _describe_run(run: dict[str, Any]) -> None:
     out.print(Text(f"Journal ({len(journal)} entries{suffix}):", style="bold"))
     if journal:
         TableWriter(JOURNAL_COLUMNS, wide=False).write(journal)
+    history, more = session.client().list(f"runs/{run['id']}/events/", limit=5000)
+    shown = history[-10:]
+    out.print(Text(f"Status history (last {len(shown)} of {len(history)}{'+' if more else ''}):", style="bold"))
+    if shown:
+        TableWriter(_RUN_EVENT_TABLE, wide=False).write(shown)
     info(
         f"more: graphenectl tree run/{run['id']} · graphenectl logs run/{run['id']} · graphenectl run watch {run['id']}"
     )
@@ -419,6 +424,14 @@ INPUT_COLUMNS = [
     Column("DEFAULT", lambda f: "-" if f["required"] else json.dumps(f["default"])),
     Column("CONSTRAINTS", lambda f: f["constraints"] or "-"),
     Column("DESCRIPTION", lambda f: f["description"] or "-"),
+]
+_RUN_EVENT_TABLE = [
+    Column("TIME", lambda e: short_time(e.get("created_at"))),
+    Column("FROM", lambda e: e.get("from_status") or "-", styled=True),
+    Column("TO", lambda e: e.get("to_status") or "-", styled=True),
+    Column("REASON", lambda e: e.get("reason") or "-"),
+    Column("BY", lambda e: e.get("actor") or "-"),
+    Column("MESSAGE", lambda e: e.get("message") or ""),
 ]
 _EVENT_TABLE = [
     Column("TIME", lambda e: short_time(e.get("created_at"))),

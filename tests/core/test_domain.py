@@ -24,14 +24,14 @@ EVENTS = [
     "CommandFinished",
 ]
 SUBSCRIPTIONS = [
-    ("RecordsSettled", "apps.pipelines.services.runs_wake_on_records"),
+    ("RecordsSettled", "apps.pipelines.services.lifecycle.runs_wake_on_records"),
     ("RecordConverged", "apps.observability.subscribers.record_converged"),
     ("RecordConvergeFailed", "apps.observability.subscribers.record_converge_failed"),
     ("RecordsDeleted", "apps.observability.subscribers.records_deleted"),
     ("RecordDrifted", "apps.observability.subscribers.record_drifted"),
     ("CommandFinished", "apps.observability.subscribers.command_finished"),
     ("CommandFinished", "apps.agents.services.record_wake_on_command"),
-    ("CommandFinished", "apps.pipelines.services.runs_wake_on_command"),
+    ("CommandFinished", "apps.pipelines.services.lifecycle.runs_wake_on_command"),
 ]
 
 

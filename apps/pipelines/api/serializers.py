@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.pipelines.models import JournalEntry, Pipeline, Run
+from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
 
 
 class PipelineOutput(serializers.ModelSerializer):
@@ -26,6 +26,20 @@ class JournalEntryOutput(serializers.ModelSerializer):
         model = JournalEntry
         fields = ["seq", "call", "status", "result", "error", "created_at", "completed_at"]
         read_only_fields = fields
+
+
+class RunEventOutput(serializers.ModelSerializer):
+    """A move of a run's status: from, to, why, and who made it (null: the system)."""
+
+    actor = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RunEvent
+        fields = ["id", "from_status", "to_status", "reason", "message", "data", "actor", "created_at"]
+        read_only_fields = fields
+
+    def get_actor(self, obj: RunEvent) -> str | None:
+        return obj.actor.get_username() if obj.actor_id and obj.actor else None
 
 
 class RunOutput(serializers.ModelSerializer):

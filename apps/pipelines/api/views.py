@@ -10,9 +10,15 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.api.pagination import NewestFirst
+from apps.api.pagination import NewestFirst, OldestFirstById
 from apps.pipelines import selectors, services
-from apps.pipelines.api.serializers import JournalEntryOutput, PipelineOutput, RunOutput, RunStartInput
+from apps.pipelines.api.serializers import (
+    JournalEntryOutput,
+    PipelineOutput,
+    RunEventOutput,
+    RunOutput,
+    RunStartInput,
+)
 from apps.pipelines.models import Run
 
 JOURNAL_LIMIT = 1000
@@ -62,7 +68,7 @@ class PipelineViewSet(viewsets.ViewSet):
 
 
 class RunViewSet(viewsets.GenericViewSet):
-    """Runs: list, get (with journal), cancel, resume."""
+    """Runs: list, get (with journal), status history, cancel, resume."""
 
     serializer_class = RunOutput
     pagination_class = NewestFirst
@@ -84,6 +90,14 @@ class RunViewSet(viewsets.GenericViewSet):
     @extend_schema(responses=RunDetail)
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(_run_detail(selectors.run_get(user=request.user, run_id=pk)))
+
+    @extend_schema(responses=RunEventOutput(many=True))
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
+    def events(self, request: Request, pk: str) -> Response:
+        """The run's status history, oldest first: every move, why, and who made it."""
+        run = selectors.run_get(user=request.user, run_id=pk)
+        page = self.paginate_queryset(selectors.run_events(run=run))
+        return self.get_paginated_response(RunEventOutput(page, many=True).data)
 
     @extend_schema(request=None, responses=RunOutput)
     @action(detail=True, methods=["post"])

@@ -1,0 +1,109 @@
+"""Pipeline definitions: importing the code that defines them, their rows, their inputs."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from graphene_sdk import Pipeline as Definition
+from graphene_sdk import registered
+from pydantic import ValidationError
+
+from apps.core.errors import NotFound, ValidationFailed
+from apps.pipelines.models import Pipeline
+
+_load_lock = threading.Lock()
+_loaded = False
+
+
+def _import_file(path: Path) -> None:
+    name = f"graphene_pipelines.{path.stem}"
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import pipeline file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
+def pipelines_load() -> dict[str, Definition[Any, Any]]:
+    """Import the pipeline modules and directories named in settings (once per process)."""
+    global _loaded
+    if not _loaded:
+        with _load_lock:
+            if not _loaded:
+                for module in settings.GRAPHENE_PIPELINE_MODULES:
+                    importlib.import_module(module)
+                for directory in settings.GRAPHENE_PIPELINE_DIRS:
+                    for path in sorted(Path(directory).glob("*.py")):
+                        if not path.name.startswith("_"):
+                            _import_file(path)
+                _loaded = True
+    return registered()
+
+
+def definition_get(name: str) -> Definition[Any, Any]:
+    loaded = pipelines_load()
+    try:
+        return loaded[name]
+    except KeyError:
+        known = ", ".join(sorted(loaded)) or "none"
+        raise NotFound(f"no pipeline {name!r} is loaded; loaded pipelines: {known}") from None
+
+
+def pipeline_sync(definition: Definition[Any, Any]) -> Pipeline:
+    """The Pipeline row for a loaded definition, updated if the code changed."""
+    fields = {
+        "source": definition.source,
+        "description": definition.description,
+        "input_schema": definition.input_schema(),
+        "output_schema": definition.output_schema(),
+        "concurrency": definition.concurrency,
+        "timeout_seconds": int(definition.timeout.total_seconds()) if definition.timeout else None,
+        "is_loaded": True,
+    }
+    row = Pipeline.objects.filter(name=definition.name).first()
+    if row is None:
+        row, _ = Pipeline.objects.get_or_create(name=definition.name, defaults=fields)
+        return row
+    changed = {k: v for k, v in fields.items() if getattr(row, k) != v}
+    if changed:
+        Pipeline.objects.filter(pk=row.pk).update(**changed, updated_at=timezone.now())
+        for key, value in changed.items():
+            setattr(row, key, value)
+    return row
+
+
+def pipelines_sync_all() -> list[Pipeline]:
+    rows = [pipeline_sync(d) for _, d in sorted(pipelines_load().items())]
+    Pipeline.objects.exclude(pk__in=[r.pk for r in rows]).filter(is_loaded=True).update(is_loaded=False)
+    return rows
+
+
+def inputs_validate(definition: Definition[Any, Any], inputs: Any) -> dict[str, Any]:
+    """Validate against the pipeline's input model; errors by field path, as the API returns them."""
+    if not isinstance(inputs, dict):
+        raise ValidationFailed("inputs must be a JSON object", fields={"inputs": ["must be a JSON object"]})
+    try:
+        model = definition.inputs.model_validate(inputs)
+    except ValidationError as exc:
+        fields: dict[str, list[str]] = {}
+        for error in exc.errors():
+            path = ".".join(str(p) for p in ("inputs", *error["loc"]))
+            fields.setdefault(path, []).append(error["msg"])
+        summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in fields.items())
+        raise ValidationFailed(f"inputs do not match {definition.name}'s schema: {summary}", fields=fields) from None
+    dumped: dict[str, Any] = model.model_dump(mode="json")
+    return dumped

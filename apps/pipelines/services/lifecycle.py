@@ -1,0 +1,314 @@
+"""A run's life after it started: the lease a worker holds to execute it, suspending and
+waking, and its end.
+
+Every exit path of a run (succeeded, failed, cancelled, timed out) requests deletion of the
+run's record tree in the same transaction, so nothing it still owns survives it (I3).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from graphene_sdk import registered
+
+from apps.agents.models import AgentCommand
+from apps.core import domain
+from apps.core.errors import Conflict
+from apps.observability import metrics
+from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
+from apps.pipelines.models import Pipeline, Run, RunWait
+from apps.pipelines.services.transitions import Actor, run_enqueue_on_commit, run_lock, run_transition
+from apps.records import services as records
+from apps.records.choices import Phase
+from apps.records.models import Record
+
+# --- the lease --------------------------------------------------------------------------------
+
+
+def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
+    """Take the run's execution lease: it is queued, its previous holder's lease expired, or
+    its timer is due. Returns the run (now ``running``) and the lease's token, which fences
+    every journal write of this execution; ``None`` when there is nothing to execute."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
+        if run is None:
+            return None
+        expired = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)
+        timer_due = run.status == RunStatus.SUSPENDED and run.wake_at is not None and run.wake_at <= now
+        if run.status != RunStatus.QUEUED and not expired and not timer_due:
+            return None
+        token = uuid.uuid4()
+        reason = "LeaseTakenOver" if expired else "TimerDue" if timer_due else "Started"
+        run_transition(
+            run=run,
+            to=RunStatus.RUNNING,
+            reason=reason,
+            data={"attempt": run.attempt + 1},
+            fields={
+                "lease_token": token,
+                "lease_expires_at": now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS),
+                "attempt": run.attempt + 1,
+                "started_at": run.started_at or now,
+                "waiting_on": [],
+                "wake_at": None,
+            },
+        )
+    return run, token
+
+
+def run_suspend(
+    *,
+    run_id: Any,
+    token: uuid.UUID,
+    waiting_on: list[str],
+    wake_at: datetime | None,
+    until: Callable[[], bool] | None = None,
+) -> None:
+    """The execution holding ``token`` lets go of its worker until a target in ``waiting_on``
+    settles (or ``until()`` holds, when given) or ``wake_at`` comes. If that has happened
+    already, the run is queued again at once."""
+
+    def happened() -> bool:
+        if until is not None:
+            return until()
+        return bool(waiting_on) and bool(targets_settled(waiting_on))
+
+    with transaction.atomic():
+        run = run_lock(run_id)
+        if run.lease_token != token or run.status != RunStatus.RUNNING:
+            return
+        RunWait.objects.filter(run=run).delete()
+        RunWait.objects.bulk_create([RunWait(run=run, target=target) for target in waiting_on])
+        settled = happened()
+        due = wake_at is not None and wake_at <= timezone.now()
+        if settled or due:
+            # What we wait for happened while we were unwinding: go again at once.
+            RunWait.objects.filter(run=run).delete()
+            run_transition(
+                run=run,
+                to=RunStatus.QUEUED,
+                reason="WokenWhileSuspending",
+                fields={"lease_token": None, "lease_expires_at": None},
+            )
+            run_enqueue_on_commit(run.pk)
+            return
+        run_transition(
+            run=run,
+            to=RunStatus.SUSPENDED,
+            reason="Suspended",
+            data={"waiting_on": waiting_on, "wake_at": wake_at.isoformat() if wake_at else None},
+            fields={"lease_token": None, "lease_expires_at": None, "waiting_on": waiting_on, "wake_at": wake_at},
+        )
+        if wake_at is not None:
+            run_enqueue_on_commit(run.pk, countdown=max(0.0, (wake_at - timezone.now()).total_seconds()))
+    # A target that settled while the transaction above ran looked for our RunWait rows before
+    # they were committed and found none: its wake-up is lost. Looking again after our commit
+    # closes the gap — whatever settles later finds the rows.
+    if waiting_on and happened():
+        runs_wake(targets=waiting_on)
+
+
+# --- waking -----------------------------------------------------------------------------------
+
+
+def runs_wake(*, targets: Iterable[Any]) -> int:
+    """Records or child runs settled: re-queue the suspended runs waiting for any of them."""
+    run_ids = set(RunWait.objects.filter(target__in=list(targets)).values_list("run_id", flat=True))
+    woken = 0
+    for run_id in sorted(run_ids):
+        with transaction.atomic():
+            run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
+            if run is None or run.status != RunStatus.SUSPENDED:
+                continue
+            RunWait.objects.filter(run=run).delete()
+            run_transition(run=run, to=RunStatus.QUEUED, reason="Woken", fields={"waiting_on": [], "wake_at": None})
+            run_enqueue_on_commit(run.pk)
+            woken += 1
+    return woken
+
+
+def runs_wake_on_records(event: domain.RecordsSettled) -> None:
+    """Subscriber: records settled; the runs suspended on one of them go again."""
+    runs_wake(targets=event.record_ids)
+
+
+def runs_wake_on_command(event: domain.CommandFinished) -> None:
+    """Subscriber: an agent command a run waits on (``exec``, ``call`` ...) ended."""
+    if event.waiting_record_id is None and not event.awaited_in_place:
+        runs_wake(targets=[event.command_id])
+
+
+def targets_settled(targets: Iterable[Any]) -> set[str]:
+    """Which of these record, run or command ids have settled (a record no longer
+    converging, a run ended, a command finished)."""
+    ids = [str(t) for t in targets]
+    done = {
+        str(pk)
+        for pk in Record.objects.filter(pk__in=ids)
+        .exclude(phase__in=[Phase.PENDING, Phase.CREATING, Phase.UPDATING], deletion_requested_at__isnull=True)
+        .values_list("pk", flat=True)
+    }
+    done |= {str(pk) for pk in Run.objects.filter(pk__in=ids, status__in=list(TERMINAL)).values_list("pk", flat=True)}
+    done |= {
+        str(pk)
+        for pk in AgentCommand.objects.filter(pk__in=ids, finished_at__isnull=False).values_list("pk", flat=True)
+    }
+    return done
+
+
+# --- the end ----------------------------------------------------------------------------------
+
+
+def stand_get(pipeline_name: str) -> Record:
+    """The pipeline's stand: a root record that holds what runs hand over (created on demand)."""
+    return records.record_ensure_root(kind="graphene.stand", name=pipeline_name)
+
+
+def _hand_to_stand(run: Run, keep_for: timedelta) -> tuple[int, list[str]]:
+    """Give everything the run's root still owns to the stand, each part with a TTL.
+
+    A part the stand cannot take (it already holds one of that kind and name, from an
+    earlier run) is deleted with the run instead, and named in the returned list.
+    """
+    stand = stand_get(run.pipeline.name)
+    until = timezone.now() + keep_for
+    kept, refused = 0, []
+    for child in Record.objects.filter(parent_id=run.record_id).exclude(phase=Phase.DELETED).order_by("lft"):
+        if child.deletion_requested_at is not None:
+            continue
+        try:
+            with transaction.atomic():
+                records.record_transfer(record=child, new_owner=stand, expires_at=until)
+        except Conflict as exc:
+            refused.append(f"{child.kind}/{child.name}: {exc.detail}")
+        else:
+            kept += 1
+    return kept, refused
+
+
+_FINISH_REASONS: dict[str, str] = {
+    RunStatus.SUCCEEDED: "Succeeded",
+    RunStatus.FAILED: "Failed",
+    RunStatus.CANCELLED: "Cancelled",
+    RunStatus.TIMED_OUT: "DeadlineExceeded",
+}
+
+
+def run_finish(
+    *,
+    run: Run,
+    status: str,
+    outputs: Any = None,
+    error: str = "",
+    token: Any = None,
+    keep_for: timedelta | None = None,
+    reason: str = "",
+    actor: Actor = None,
+) -> bool:
+    """End a run and delete everything it still owns (I3); its child runs end with it.
+
+    ``token`` fences a worker's own finish (only the lease holder may end a running run).
+    ``keep_for`` (a failed run's ``keep_on_failure``) first hands what it owns to the stand.
+    ``reason`` and ``actor`` go in the run's event (the reason defaults to the status's).
+    Returns False when the run had ended already or the token no longer holds the lease.
+    """
+    assert status in TERMINAL
+    error = error.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL (an exception's message may)
+    with transaction.atomic():
+        run = run_lock(run.pk)
+        if run.status in TERMINAL or (
+            token is not None and (run.lease_token != token or run.status != RunStatus.RUNNING)
+        ):
+            return False
+        if keep_for and status == RunStatus.FAILED and run.record_id:
+            kept, refused = _hand_to_stand(run, keep_for)
+            if kept:
+                error = f"{error}\n(kept {kept} record(s) on the stand {run.pipeline.name!r} for {keep_for})".lstrip()
+            if refused:
+                error = f"{error}\n(not kept, deleted with the run: {'; '.join(refused)})"
+        finished_at = timezone.now()
+        if run.started_at is not None:  # every way a run ends (cancel, timeout too)
+            seconds = (finished_at - run.started_at).total_seconds()
+            metrics.observe(metrics.RUN_DURATION_SECONDS, seconds, pipeline=run.pipeline.name, status=status)
+        lines = error.strip().splitlines()
+        run_transition(
+            run=run,
+            to=status,
+            reason=reason or _FINISH_REASONS[status],
+            message=lines[-1] if lines else "",
+            actor=actor,
+            fields={
+                "outputs": outputs,
+                "error": error,
+                "finished_at": finished_at,
+                "lease_token": None,
+                "lease_expires_at": None,
+                "waiting_on": [],
+                "wake_at": None,
+            },
+        )
+        RunWait.objects.filter(run=run).delete()
+        if run.record_id is not None:
+            root = Record.objects.filter(pk=run.record_id).first()
+            if root is not None and root.phase != Phase.DELETED:
+                records.record_delete_request(record=root, reason=f"Run{status.title().replace('_', '')}")
+        children = Run.objects.filter(parent_run=run, status__in=list(NOT_ENDED)).order_by("number")
+        for child in children:
+            run_finish(
+                run=child,
+                status=RunStatus.CANCELLED,
+                error=f"its parent run {run} ended ({status})",
+                reason="ParentEnded",
+            )
+        if run.parent_run_id is not None:
+            _promote_sibling(run)
+            targets = [str(run.pk)]
+            transaction.on_commit(lambda: runs_wake(targets=targets))  # the parent waits on its children
+        elif run.pipeline.concurrency == "queue":
+            _promote_next_in_line(run.pipeline_id)
+    return True
+
+
+def run_promote(run: Run, *, reason: str) -> None:
+    """A waiting run (locked by the caller) takes its turn: queued, with its deadline from now."""
+    deadline = None
+    definition = registered().get(run.pipeline.name)
+    if definition is not None and definition.timeout:
+        deadline = timezone.now() + definition.timeout
+    run_transition(run=run, to=RunStatus.QUEUED, reason=reason, fields={"deadline_at": deadline})
+    run_enqueue_on_commit(run.pk)
+
+
+def _promote_next_in_line(pipeline_id: Any) -> None:
+    """``queue`` pipelines: when no run holds the turn, the oldest waiting run takes it."""
+    Pipeline.objects.select_for_update().get(pk=pipeline_id)
+    if Run.objects.filter(pipeline_id=pipeline_id, parent_run__isnull=True, status__in=list(ACTIVE)).exists():
+        return
+    nxt = (
+        Run.objects.select_for_update(no_key=True)
+        .filter(pipeline_id=pipeline_id, parent_run__isnull=True, status=RunStatus.WAITING)
+        .order_by("number")
+        .first()
+    )
+    if nxt is not None:
+        run_promote(nxt, reason="TurnCame")
+
+
+def _promote_sibling(child: Run) -> None:
+    """``run_all``: a child ended, so the next waiting sibling of its group may start."""
+    run_lock(child.parent_run_id)  # serializes promotions among siblings
+    nxt = (
+        Run.objects.select_for_update(no_key=True)
+        .filter(parent_run_id=child.parent_run_id, group=child.group, status=RunStatus.WAITING)
+        .order_by("group_index")
+        .first()
+    )
+    if nxt is not None:
+        run_promote(nxt, reason="SiblingEnded")

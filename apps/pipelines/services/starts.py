@@ -1,0 +1,160 @@
+"""Starting runs (with the pipeline's concurrency policy), child runs, cancelling, resuming."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+from graphene_sdk import Pipeline as Definition
+
+from apps.core.errors import Conflict
+from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
+from apps.pipelines.models import Pipeline, Run, RunWait
+from apps.pipelines.services.definitions import definition_get, inputs_validate, pipeline_sync
+from apps.pipelines.services.lifecycle import run_finish
+from apps.pipelines.services.transitions import (
+    Actor,
+    run_created,
+    run_enqueue_on_commit,
+    run_lock,
+    run_transition,
+)
+from apps.records import services as records
+from apps.records.choices import Phase
+from apps.records.models import Record
+
+
+def _create_run(
+    *,
+    definition: Definition[Any, Any],
+    row: Pipeline,
+    inputs: dict[str, Any],
+    status: str,
+    reason: str,
+    actor: Actor = None,
+    parent: Run | None = None,
+    group: int | None = None,
+    group_index: int | None = None,
+) -> Run:
+    number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
+    root = records.record_create_root(kind="graphene.run", name=f"{row.name}#{number}", actor=actor)
+    deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
+    run = Run.objects.create(
+        id=root.pk,
+        pipeline=row,
+        number=number,
+        record=root,
+        inputs=inputs,
+        status=status,
+        deadline_at=deadline,
+        created_by=actor if actor is not None and actor.is_authenticated else None,  # type: ignore[misc]
+        parent_run=parent,
+        group=group,
+        group_index=group_index,
+    )
+    message = f"started by run {parent}" if parent is not None else ""
+    run_created(run=run, reason=reason, message=message, actor=actor)
+    if status == RunStatus.QUEUED:
+        run_enqueue_on_commit(run.pk)
+    return run
+
+
+def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None) -> Run:
+    """Validate the inputs, apply the pipeline's concurrency policy, create the run, enqueue it.
+
+    ``queue``: the run waits its turn behind the active one (refused beyond ``max_pending``);
+    ``cancel_previous``: active runs are cancelled (and cleaned up) first.
+    """
+    definition = definition_get(pipeline_name)
+    clean = inputs_validate(definition, inputs)
+    with transaction.atomic():
+        row = pipeline_sync(definition)
+        row = Pipeline.objects.select_for_update().get(pk=row.pk)  # serializes numbering and turns
+        status, reason = RunStatus.QUEUED, "Started"
+        active = Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))
+        if definition.concurrency == "queue":
+            waiting = Run.objects.filter(pipeline=row, parent_run__isnull=True, status=RunStatus.WAITING).count()
+            if active.exists() or waiting:
+                if definition.max_pending is not None and waiting >= definition.max_pending:
+                    raise Conflict(
+                        f"pipeline {row.name!r} runs one at a time and already has {waiting} run(s) waiting "
+                        f"(max_pending={definition.max_pending}); wait for one to finish or cancel one",
+                        code="concurrency_limit",
+                    )
+                status, reason = RunStatus.WAITING, "WaitingForTurn"
+        elif definition.concurrency == "cancel_previous":
+            for previous in active.order_by("number"):
+                run_finish(
+                    run=previous,
+                    status=RunStatus.CANCELLED,
+                    error="cancelled: a newer run of the pipeline started",
+                    reason="NewerRunStarted",
+                    actor=actor,
+                )
+        run = _create_run(definition=definition, row=row, inputs=clean, status=status, reason=reason, actor=actor)
+    return run
+
+
+def run_start_children(
+    *, parent: Run, pipeline_name: str, inputs: list[Any], concurrency: int, group: int
+) -> list[Run]:
+    """Start the child runs of a ``run_all``: the first ``concurrency`` queued, the rest waiting."""
+    definition = definition_get(pipeline_name)
+    clean = [inputs_validate(definition, item) for item in inputs]
+    row = pipeline_sync(definition)
+    row = Pipeline.objects.select_for_update().get(pk=row.pk)
+    return [
+        _create_run(
+            definition=definition,
+            row=row,
+            inputs=item,
+            status=RunStatus.QUEUED if index < concurrency else RunStatus.WAITING,
+            reason="Started" if index < concurrency else "WaitingForSiblings",
+            parent=parent,
+            group=group,
+            group_index=index,
+        )
+        for index, item in enumerate(clean)
+    ]
+
+
+def run_cancel(*, run: Run, actor: Actor = None) -> Run:
+    """Cancel: the run ends now and its tree is deleted; a worker still executing it is fenced off."""
+    who = actor.get_username() if actor is not None and actor.is_authenticated else "system"
+    run_finish(run=run, status=RunStatus.CANCELLED, error=f"cancelled by {who}", actor=actor)
+    return Run.objects.get(pk=run.pk)
+
+
+def run_resume(*, run: Run, actor: Actor = None) -> Run:
+    """Run again by replay: journaled calls return their results, nothing journaled is redone.
+
+    A suspended run is woken now. An ended run (not a successful one) gets a new root record
+    if its old tree is gone, since what it owned was deleted when it ended.
+    """
+    with transaction.atomic():
+        run = run_lock(run.pk)
+        if run.status == RunStatus.SUCCEEDED:
+            raise Conflict(f"run {run} succeeded; start a new run instead of resuming it")
+        if run.status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
+            return run
+        fields: dict[str, Any] = {"waiting_on": [], "wake_at": None}
+        if run.status in TERMINAL:
+            root = Record.objects.filter(pk=run.record_id).first() if run.record_id else None
+            if root is None or root.phase == Phase.DELETED or root.deletion_requested_at is not None:
+                # The new tree's root names its run: the run's id is its first root's id only.
+                root = records.record_create_root(
+                    kind="graphene.run",
+                    name=f"{run.pipeline.name}#{run.number}",
+                    spec={"run": str(run.pk)},
+                    actor=actor,
+                )
+            fields |= {"record": root, "finished_at": None, "error": "", "outputs": None}
+            definition = definition_get(run.pipeline.name)
+            if definition.timeout:
+                fields["deadline_at"] = timezone.now() + definition.timeout
+        RunWait.objects.filter(run=run).delete()
+        run_transition(run=run, to=RunStatus.QUEUED, reason="Resumed", actor=actor, fields=fields)
+        run_enqueue_on_commit(run.pk)
+    return run

@@ -1,0 +1,97 @@
+"""A run's status moves only here: checked against ``RUN_TRANSITIONS``, written with a
+``RunEvent`` in the same transaction, told to watchers after commit.
+
+The caller locks the run's row first (``run_lock``) and decides under that lock; the
+transition then writes the move it decided. Celery carries run ids; ``run_enqueue_on_commit``
+sends one once the transaction that queued the run commits.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.utils import timezone
+
+from apps.core.errors import GrapheneError
+from apps.core.events import publish_on_commit
+from apps.pipelines.choices import RUN_TRANSITIONS
+from apps.pipelines.models import Run, RunEvent
+
+Actor = AbstractBaseUser | AnonymousUser | None
+
+
+class IllegalRunTransition(GrapheneError):
+    code = "illegal_transition"
+
+
+def _actor_id(actor: Actor) -> Any:
+    return actor.pk if actor is not None and actor.is_authenticated else None
+
+
+def run_lock(run_id: Any) -> Run:
+    """The run's row, locked (no key update) until the transaction ends."""
+    return Run.objects.select_for_update(no_key=True).get(pk=run_id)
+
+
+def _publish(run: Run) -> None:
+    payload = {"event": "run.changed", "id": str(run.pk), "status": run.status}
+    publish_on_commit(f"run.{run.pk}", payload)
+    publish_on_commit("runs", payload)
+
+
+def run_enqueue_on_commit(run_id: Any, countdown: float = 0) -> None:
+    """Have a worker execute the run once this transaction commits (its row says what to do)."""
+    from apps.pipelines.tasks import run_execute_task
+
+    transaction.on_commit(lambda: run_execute_task.apply_async((str(run_id),), countdown=countdown))
+
+
+def _event(run: Run, *, before: str, reason: str, message: str, actor: Actor, data: Any, at: datetime) -> RunEvent:
+    return RunEvent(
+        run_id=run.pk,
+        from_status=before,
+        to_status=run.status,
+        reason=reason,
+        message=message.replace("\x00", "\\x00"),
+        data=data or {},
+        actor_id=_actor_id(actor),
+        created_at=at,
+    )
+
+
+def run_transition(
+    *,
+    run: Run,
+    to: str,
+    reason: str,
+    message: str = "",
+    actor: Actor = None,
+    data: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
+) -> None:
+    """Move ``run`` (locked by the caller, inside ``transaction.atomic``) to ``to``.
+
+    Refuses a move the table does not allow (``IllegalRunTransition``); writes the status,
+    ``fields`` and a ``RunEvent`` (``reason``, ``message``, who: ``actor``) in the caller's
+    transaction; watchers are told after commit.
+    """
+    before = run.status
+    if to not in RUN_TRANSITIONS[before]:
+        raise IllegalRunTransition(f"run {run} cannot go from {before} to {to} ({reason})")
+    now = timezone.now()
+    values = {"status": to, "updated_at": now, **(fields or {})}
+    Run.objects.filter(pk=run.pk).update(**values)
+    for key, value in values.items():
+        setattr(run, key, value)
+    _event(run, before=before, reason=reason, message=message, actor=actor, data=data, at=now).save(force_insert=True)
+    _publish(run)
+
+
+def run_created(*, run: Run, reason: str, message: str = "", actor: Actor = None) -> None:
+    """The first event of a new run (its first status, who started it and how); told to watchers."""
+    event = _event(run, before="", reason=reason, message=message, actor=actor, data=None, at=run.created_at)
+    event.save(force_insert=True)
+    _publish(run)
