@@ -370,6 +370,7 @@ def files(ctx: Context, inputs: FileInputs) -> None:
 
 class NulInputs(BaseModel):
     where: str = "output"  # or "step"
+    retries: int = 0
 
 
 class NulOutput(BaseModel):
@@ -380,9 +381,10 @@ class NulOutput(BaseModel):
 def nul(ctx: Context, inputs: NulInputs) -> NulOutput:
     """A NUL character where PostgreSQL cannot store it: in a step's result or the run's output."""
     if inputs.where == "step":
-        ctx.step("nul", _nul)
+        ctx.step("nul", _nul, ctx.run_id, retries=inputs.retries)
     return NulOutput(text="a\x00b")
 
 
-def _nul() -> str:
+def _nul(run_id: str) -> str:
+    effect(run_id, "nul")  # counted: a value that cannot be journaled is not worth running again
     return "x\x00y"

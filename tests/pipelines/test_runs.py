@@ -242,7 +242,10 @@ def test_drift_options_of_a_declaration_reach_its_record(workers: list[Worker]) 
 
 def test_a_nul_character_fails_the_run_with_the_reason_instead_of_wedging_it(workers: list[Worker]) -> None:
     for where, said in (("output", "the value at text contains a NUL"), ("step", "the value contains a NUL")):
-        run = finished(start("sample.nul", where=where))
+        run = finished(start("sample.nul", where=where, retries=3))
         assert run.status == RunStatus.FAILED, where
         assert said in run.error, run.error
         assert "\x00" not in run.error
+    # The step ran once: its value cannot be journaled, and its retries are for its own failures.
+    assert effect_count(str(run.pk), "nul") == 1
+    assert "returned a value that cannot be journaled" in run.error

@@ -1,0 +1,140 @@
+"""One execution of a run, from taking its lease to suspending or ending it: the body of the
+Celery task ``run_execute_task``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils import timezone
+from graphene_sdk import (
+    ChildRunFailed,
+    Context,
+    NonDeterminismError,
+    OutcomeUnknown,
+    RemoteError,
+    ResourceFailed,
+    StepFailed,
+)
+from graphene_sdk import Pipeline as Definition
+
+from apps.pipelines import services
+from apps.pipelines.choices import RunStatus
+from apps.pipelines.engine.execution import Execution
+from apps.pipelines.engine.journal import _Fenced, _Suspend, to_json
+from apps.pipelines.models import Run
+
+logger = logging.getLogger(__name__)
+
+# Errors whose message says it all; any other error's run keeps its whole traceback.
+_EXPLAINED = (NonDeterminismError, OutcomeUnknown, StepFailed, ResourceFailed, ChildRunFailed, RemoteError)
+
+
+class _Heartbeat(threading.Thread):
+    """Extends the run's lease while the function executes; flags the execution if it lost it."""
+
+    def __init__(self, execution: Execution) -> None:
+        super().__init__(name=f"lease-{execution.run_id[:8]}", daemon=True)
+        self.execution = execution
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        lease = settings.GRAPHENE_RUN_LEASE_SECONDS
+        try:
+            while not self.stopped.wait(lease / 3):
+                self.execution.telemetry.flush()  # long executions write their spans as they go
+                extended = Run.objects.filter(
+                    pk=self.execution.run.pk, lease_token=self.execution.token, status=RunStatus.RUNNING
+                ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
+                if not extended:
+                    self.execution.journal.lost.set()
+                    return
+        finally:
+            connection.close()
+
+
+def _output(definition: Definition[Any, Any], value: Any) -> Any:
+    if value is None:
+        return None
+    if definition.output is not None and not isinstance(value, definition.output):
+        raise TypeError(
+            f"{definition.name} must return {definition.output.__name__} or None, not {type(value).__name__}"
+        )
+    return to_json(value)
+
+
+def _failure_text(error: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(error), error)).strip()
+    if not isinstance(error, _EXPLAINED):
+        return "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    if isinstance(error, RemoteError) and error.remote_traceback:
+        return f"{text}\n\nOn the machine:\n{error.remote_traceback}"  # the traceback that matters
+    return text
+
+
+def run_execute(*, run_id: Any) -> None:
+    """Execute (replay) a run until it ends or suspends. The Celery task's body."""
+    close_old_connections()
+    acquired = services.run_lease_acquire(run_id=run_id)
+    if acquired is None:
+        return
+    run, token = acquired
+    try:
+        definition = services.definition_get(run.pipeline.name)
+        inputs = definition.inputs.model_validate(run.inputs)
+    except Exception as exc:
+        services.run_finish(run=run, status=RunStatus.FAILED, error=f"cannot load the pipeline: {exc}", token=token)
+        return
+    execution = Execution(run, token, definition)
+    journal = execution.journal
+    heartbeat = _Heartbeat(execution)
+    heartbeat.start()
+    try:
+        try:
+            value = definition.fn(Context(execution), inputs)
+            if journal.divergence is not None:
+                raise journal.divergence
+            extra = journal.leftover()
+            if extra is not None:
+                raise NonDeterminismError(
+                    f"non-deterministic pipeline: the program ended after {journal.seq} calls but the journal "
+                    f"recorded call #{extra.seq} {extra.call!r}",
+                    seq=extra.seq,
+                    journaled=extra.call,
+                    called="(end of program)",
+                )
+            outputs = _output(definition, value)
+        except _Suspend as suspend:
+            execution.telemetry.end("suspended")  # written before the run's status changes
+            services.run_suspend(
+                run_id=run.pk,
+                token=token,
+                waiting_on=suspend.waiting_on,
+                wake_at=suspend.wake_at,
+                until=suspend.until,
+            )
+            return
+        except _Fenced:
+            execution.telemetry.end("fenced")
+            logger.info("run %s: lease lost or run ended; this worker stops", run_id)
+            return
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            text = _failure_text(exc if journal.divergence is None else journal.divergence)
+            execution.telemetry.end("failed", text.strip().splitlines()[-1])
+            services.run_finish(
+                run=run, status=RunStatus.FAILED, error=text, token=token, keep_for=definition.keep_on_failure
+            )
+            return
+        execution.telemetry.end("succeeded")
+        services.run_finish(run=run, status=RunStatus.SUCCEEDED, outputs=outputs, token=token)
+    finally:
+        execution.telemetry.end("aborted")  # a no-op unless an exit above was missed
+        heartbeat.stopped.set()
+        execution.close()

@@ -1,0 +1,152 @@
+"""The runtime's own calls: checkpointed steps, durable timers and log lines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from graphene_sdk import OutcomeUnknown, StepFailed, StepTimeout
+from graphene_sdk._context import Guarantee
+
+from apps.observability.services import log_write
+from apps.pipelines.choices import EntryStatus
+from apps.pipelines.engine.journal import _Fenced, _Suspend, result_of, to_json
+from apps.pipelines.engine.state import ExecutionState
+
+
+class StepCalls(ExecutionState):
+    # The thread steps run in (one at a time); replaced when a step is abandoned.
+    _pool: ThreadPoolExecutor | None
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        guarantee: Guarantee,
+        timeout: float | None,
+        retries: int,
+    ) -> Any:
+        call = f"step {name}"
+        entry = self.journal.next(call)
+        seq = self.journal.seq
+        if entry is not None:
+            if entry.status == EntryStatus.COMPLETED:
+                return result_of(entry)["value"]
+            if entry.status == EntryStatus.FAILED:
+                info = entry.result or {}
+                cls = StepTimeout if info.get("timeout") else StepFailed
+                raise cls(entry.error, step=name, error_type=info.get("type", "Exception"))
+            # STARTED (interrupted) or UNKNOWN: never run an at-most-once step twice.
+            message = f"step {name!r} (at most once) was interrupted; it may or may not have taken effect"
+            if entry.status == EntryStatus.STARTED:
+                self.journal.write(seq, call, EntryStatus.UNKNOWN, None, message)
+            raise OutcomeUnknown(message, step=name)
+        if guarantee == "at_most_once":
+            self.journal.write(seq, call, EntryStatus.STARTED)
+        started_at = timezone.now()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                raw = self._call(fn, args, kwargs, timeout, name)
+                break
+            except Exception as exc:  # StepTimeout included
+                if attempt > retries:
+                    self._step_failed(name, seq, call, exc, started_at, attempt, guarantee)
+            self._pause(min(settings.GRAPHENE_RETRY_BASE_SECONDS * 2 ** (attempt - 1), 30.0))
+        try:
+            # Once, after the retries: running the step again would return the same value.
+            value = to_json(raw)
+        except (TypeError, ValueError) as exc:
+            why = f"step {name!r} returned a value that cannot be journaled: {exc}"
+            unjournaled = TypeError(why) if isinstance(exc, TypeError) else ValueError(why)
+            self._step_failed(name, seq, call, unjournaled, started_at, attempt, guarantee)
+        self.journal.write(seq, call, EntryStatus.COMPLETED, {"value": value})
+        self.telemetry.step(name, seq, started_at, attempts=attempt, guarantee=guarantee)
+        return value
+
+    def _step_failed(
+        self,
+        name: str,
+        seq: int,
+        call: str,
+        error: BaseException,
+        started_at: datetime,
+        attempts: int,
+        guarantee: Guarantee,
+    ) -> NoReturn:
+        """Journal the step's failure and raise it (``StepTimeout`` or ``StepFailed``)."""
+        is_timeout = isinstance(error, StepTimeout)
+        text = str(error) if is_timeout else f"step {name!r} failed: {type(error).__name__}: {error}"
+        self.journal.write(seq, call, EntryStatus.FAILED, {"type": type(error).__name__, "timeout": is_timeout}, text)
+        self.telemetry.step(name, seq, started_at, attempts=attempts, guarantee=guarantee, error=text)
+        cls = StepTimeout if is_timeout else StepFailed
+        raise cls(text, step=name, error_type=type(error).__name__) from error
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"step-{self.run_id[:8]}")
+        return self._pool
+
+    def _abandon(self) -> None:
+        """Leave a step thread that will not stop (timeout, cancel) and use a fresh one."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None, name: str
+    ) -> Any:
+        """Run a step in a thread so that a cancel or a timeout does not wait for it."""
+        future = self._executor().submit(fn, *args, **kwargs)
+        started = time.monotonic()
+        while True:
+            wait = 0.5 if timeout is None else min(0.5, max(0.0, timeout - (time.monotonic() - started)))
+            try:
+                return future.result(timeout=wait)
+            except FutureTimeout:
+                pass
+            if timeout is not None and time.monotonic() - started >= timeout:
+                self._abandon()
+                raise StepTimeout(f"step {name!r} timed out after {timeout:g}s", step=name, error_type="StepTimeout")
+            try:
+                self.journal.fence(lock=False)
+            except _Fenced:
+                self._abandon()
+                raise
+
+    def _pause(self, seconds: float) -> None:
+        if self.journal.lost.wait(seconds):
+            raise _Fenced
+
+    def sleep(self, seconds: float) -> None:
+        entry = self.journal.next("sleep")
+        if entry is not None:
+            wake_at = parse_datetime(result_of(entry)["wake_at"])
+            assert wake_at is not None
+        else:
+            wake_at = timezone.now() + timedelta(seconds=seconds)
+            result = {"wake_at": wake_at.isoformat(), "seconds": seconds}
+            self.journal.write(self.journal.seq, "sleep", EntryStatus.COMPLETED, result)
+        if timezone.now() < wake_at:
+            raise _Suspend(wake_at=wake_at)
+
+    def log(self, message: str, level: str) -> None:
+        """A journaled call like the others: the line and its entry commit together (fenced),
+        so a replay after a crash or a takeover never writes it a second time."""
+        if self.journal.next("log") is not None:
+            return
+        with transaction.atomic():
+            if self.run.record_id is not None:
+                log_write(record_id=self.run.record_id, message=message, severity=level, source="run")
+            self.journal.write(self.journal.seq, "log", EntryStatus.COMPLETED)
