@@ -32,11 +32,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from graphene_sdk._artifacts import artifact_name_error, artifact_ref_id
 
 from apps.artifacts import blobs
+from apps.core.db import advisory_xact_lock, lock_key
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.records import services as records
 from apps.records.choices import Phase
@@ -109,12 +110,7 @@ def digest_lock(sha256: str) -> Iterator[None]:
     holds the database's write lock from its start (``BEGIN IMMEDIATE``), which serializes
     these blocks just as well.
     """
-    if not connection.in_atomic_block:
-        raise RuntimeError("digest_lock needs an open transaction")
-    if connection.vendor == "postgresql":
-        key = int.from_bytes(hashlib.blake2b(f"artifact:{sha256}".encode(), digest_size=8).digest(), "big", signed=True)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    advisory_xact_lock(lock_key(f"artifact:{sha256}"))
     yield
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import QuerySet
 
+from apps.core.db import is_postgresql
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
 from apps.observability.services import LOG_WRITER_LOCKS, METRIC_NAME, SEVERITIES, log_sequence
@@ -51,7 +52,7 @@ def log_lines(
 def log_horizon() -> int | None:
     """The highest line id a live stream may send now (``services.LOG_WRITER_LOCKS`` says
     why): no line at or below it can still appear. ``None``: no bound (SQLite)."""
-    if connection.vendor != "postgresql":
+    if not is_postgresql():
         return None
     with connection.cursor() as cursor:
         # The last id taken first: a writer that announces after this line takes higher ids.
@@ -163,7 +164,7 @@ def _record_param(pk: Any) -> Any:
 
 def _bucket_sql() -> tuple[str, str]:
     """(bucket start as epoch seconds, labels as text) in this database's SQL."""
-    if connection.vendor == "postgresql":
+    if is_postgresql():
         return (
             "EXTRACT(EPOCH FROM date_bin(%s * INTERVAL '1 second', at, TIMESTAMPTZ '1970-01-01 00:00:00+00'))",
             "labels::text",
@@ -192,7 +193,7 @@ def metric_series(*, record: Record, query: SeriesQuery) -> dict[str, Any]:
     if not wanted:
         return body
     bucket, labels = _bucket_sql()
-    bucket_params: list[Any] = [query.step] if connection.vendor == "postgresql" else [query.step, query.step]
+    bucket_params: list[Any] = [query.step] if is_postgresql() else [query.step, query.step]
     in_list = ", ".join(["%s"] * len(wanted))
     sql = (
         # The formatted parts are constant SQL and placeholders; every value goes as a parameter.

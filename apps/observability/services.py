@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
+from apps.core.db import is_postgresql
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogDrop, LogLine, LogTrimMark, MetricPoint, Span
 
@@ -55,9 +56,9 @@ def log_sequence(connection: Any) -> str:
 
 def _announce_writer() -> None:
     """Announce this transaction as a log writer, once (a transaction-local setting says it did)."""
-    connection = transaction.get_connection()
-    if connection.vendor != "postgresql":
+    if not is_postgresql():
         return  # SQLite: one writer at a time, which commits before the next takes an id
+    connection = transaction.get_connection()
     sequence = log_sequence(connection)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -156,7 +157,7 @@ def log_write_many(entries: Iterable[LogEntry]) -> int:
     ]
     if not rows:
         return 0
-    if transaction.get_connection().vendor == "postgresql":
+    if is_postgresql():
         _copy_lines(
             f"{record_id}\t{at.isoformat()}\t{_copy_value(stream)}\t{severity}\t{_copy_value(source)}\t"
             f"{_copy_value(message)}\n"
@@ -191,7 +192,7 @@ def log_write_lines(
     at = at or timezone.now()
     if severity not in SEVERITIES:
         severity = "info"
-    if transaction.get_connection().vendor != "postgresql":
+    if not is_postgresql():
         return log_write_many(
             LogEntry(record_id=r, message=m, stream=stream, severity=severity, source=source, at=at)
             for r in record_ids

@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import connection
 from django.db.models import Count, QuerySet, Subquery
 
+from apps.core.db import is_postgresql
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
 from apps.records.choices import Phase
@@ -31,7 +31,7 @@ def record_get(*, user: User, record_id: Any) -> Record:
 
 def filter_labels(qs: QuerySet[Record], labels: dict[str, str]) -> QuerySet[Record]:
     """Records carrying every ``labels`` pair."""
-    if connection.vendor == "postgresql":
+    if is_postgresql():
         return qs.filter(labels__contains=labels)  # jsonb @>, indexable
     for key, value in labels.items():  # SQLite (embedded) has no JSON containment
         qs = qs.filter(**{f"labels__{key}": value})

@@ -23,10 +23,8 @@ Rules kept here (see DESIGN.md, invariants I1-I4, I6):
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import random
-import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -39,11 +37,12 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from apps.core import domain
+from apps.core.db import advisory_lock, advisory_xact_lock, lock_key
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.records.choices import ROOT_KINDS, TRANSITIONS, DriftPolicy, EventType, Phase
@@ -204,31 +203,15 @@ def record_event_write(
 _SETTLING = frozenset({Phase.READY, Phase.CREATE_FAILED, Phase.DRIFTED, Phase.DELETING})
 
 
-_local_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-_local_locks_guard = threading.Lock()
-
-
 @contextmanager
 def operation_lock(record_id: Any) -> Iterator[None]:
     """Hold the record's operation lock: create and delete of one record never overlap.
 
     PostgreSQL: a session advisory lock, released if the worker dies (its connection closes).
-    SQLite (embedded, one process): a process-local lock.
+    SQLite (embedded, one process): a process-local lock (``apps.core.db.advisory_lock``).
     """
-    if connection.vendor == "postgresql":
-        key = int.from_bytes(hashlib.blake2b(str(record_id).encode(), digest_size=8).digest(), "big", signed=True)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s)", [key])
-        try:
-            yield
-        finally:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
-    else:
-        with _local_locks_guard:
-            lock = _local_locks[str(record_id)]
-        with lock:
-            yield
+    with advisory_lock(lock_key(str(record_id))):
+        yield
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -286,11 +269,9 @@ def record_create_root(
     """Create a root (a run, a stand or the sweeper): the top of a new, separate tree."""
     if kind not in ROOT_KINDS:
         raise ValidationFailed(f"{kind} is not a root kind", fields={"kind": [f"roots are {sorted(ROOT_KINDS)}"]})
-    if connection.vendor == "postgresql":
-        # mptt numbers a new tree max(tree_id)+1: serialize root creation so two roots never
-        # share a tree. The lock is held to the end of this short transaction.
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x6772617068656E65])  # "graphene"
+    # mptt numbers a new tree max(tree_id)+1: serialize root creation so two roots never
+    # share a tree. The lock is held to the end of this short transaction.
+    advisory_xact_lock(0x6772617068656E65)  # "graphene"
     if (
         kind != "graphene.run"
         and Record.objects.filter(kind=kind, namespace=namespace, name=name, parent__isnull=True)

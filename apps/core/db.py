@@ -1,0 +1,134 @@
+"""The database's two dialects in one place: the vendor test, the locks, and pool threads'
+connections.
+
+Graphene runs on PostgreSQL (production) and on SQLite (embedded mode: one process, one
+file). Code whose SQL differs between them asks ``is_postgresql()``. The locks PostgreSQL
+gives as advisory locks are taken here, each with what stands in for it on SQLite:
+
+* ``advisory_lock(key)``: held by this thread across transactions until the block ends. A
+  PostgreSQL session lock (the server releases it if the process dies, as its connection
+  closes); on SQLite a process-local lock, enough because embedded mode is one process.
+* ``advisory_xact_lock(key)``: held to the end of the current transaction. Nothing on SQLite:
+  every write transaction there takes the database's write lock as it begins
+  (``transaction_mode: IMMEDIATE``, settings/base.py), which serializes such blocks already.
+
+Keys are 64-bit integers; ``lock_key(name)`` makes one from a name.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def is_postgresql(using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether the database behind ``using`` is PostgreSQL (else SQLite, embedded mode)."""
+    return connections[using].vendor == "postgresql"
+
+
+def lock_key(name: str) -> int:
+    """The advisory lock key of ``name``: 64 bits of its hash, signed as PostgreSQL's bigint."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class _Entry:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        # Re-entrant, as PostgreSQL's session locks are within their session (a thread's connection).
+        self.lock = threading.RLock()
+        self.users = 0  # threads holding the lock or waiting for it
+
+
+class LocalLocks:
+    """Process-local locks by key (SQLite's stand-in for session advisory locks).
+
+    An entry lives only while a thread holds or waits for its lock: the count of those is
+    kept under one guard, and the last to leave removes the entry. So the table holds at most
+    one entry per thread inside ``hold``, however many keys pass through it (a table with an
+    entry for every key ever locked, one per record id, grew for the life of the process).
+    Two threads on one key always share one entry: an entry is removed only when no thread
+    holds or waits for it, so a thread that finds none creates a lock no one else is in.
+
+    Not a fixed stripe of locks: unrelated keys on one stripe would wait for each other, and
+    a thread holding one key while taking another on the same stripe could deadlock with a
+    thread doing the same the other way round.
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._entries: dict[int, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @contextmanager
+    def hold(self, key: int) -> Iterator[None]:
+        with self._guard:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry()
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._guard:
+                entry.users -= 1
+                if not entry.users:
+                    del self._entries[key]
+
+
+local_locks = LocalLocks()
+
+
+@contextmanager
+def advisory_lock(key: int) -> Iterator[None]:
+    """Hold the lock ``key`` for the block, across transactions (see the module's docstring)."""
+    if not is_postgresql():
+        with local_locks.hold(key):
+            yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [key])
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
+def advisory_xact_lock(key: int) -> None:
+    """Take the lock ``key`` until the end of the open transaction (see the module's docstring)."""
+    if not connection.in_atomic_block:
+        # Outside a transaction PostgreSQL would release it at once, and nothing would be serialized.
+        raise RuntimeError("an advisory transaction lock needs an open transaction")
+    if is_postgresql():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def closes_connections(fn: Callable[P, T]) -> Callable[P, T]:
+    """``fn`` for a thread of one of our own pools: the database connections it opened on its
+    thread are closed when it returns. Django's connections are per thread; a request's are
+    closed by Django and a task's by graphene_project/celery.py, but a pool thread has neither,
+    so each kept one open for the life of the process. Never for the calling thread's work: it
+    would close that thread's connection, in the middle of whatever it is doing."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return run
