@@ -42,7 +42,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from apps.core import domain
-from apps.core.db import advisory_lock, advisory_xact_lock, lock_key
+from apps.core.db import advisory_lock, advisory_xact_lock, closes_connections, lock_key
 from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.records.choices import ROOT_KINDS, TRANSITIONS, DriftPolicy, EventType, Phase
@@ -738,16 +738,22 @@ def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[A
     if any(r.pk in wait_for_create for r in records):
         # The operation lock uses this thread's database connection: stay on this thread.
         return {r.pk: one(r) for r in records}
-    return dict(zip((r.pk for r in records), _executor().map(one, records), strict=True))
+    # A kind's delete may use the database (logs, lookups): on a pool thread that opens the
+    # thread's own connection, which nothing else would ever close.
+    results = _executor().map(closes_connections(one), records)
+    return dict(zip((r.pk for r in records), results, strict=True))
 
 
 _pool: ThreadPoolExecutor | None = None
+# Deletes of one batch at once, per process; at most as many database sessions, each closed
+# when its delete ends.
+DELETE_THREADS = 16
 
 
 def _executor() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="graphene-delete")
+        _pool = ThreadPoolExecutor(max_workers=DELETE_THREADS, thread_name_prefix="graphene-delete")
     return _pool
 
 
