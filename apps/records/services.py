@@ -1002,10 +1002,21 @@ def record_transfer(
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expires_at is in the past", fields={"expires_at": ["must be in the future"]})
     with transaction.atomic():
-        for tree_id in sorted({record.tree_id, new_owner.tree_id}):
-            _lock_tree(tree_id)
-        record = Record.objects.get(pk=record.pk)
-        new_owner = Record.objects.get(pk=new_owner.pk)
+        while True:
+            # The trees' roots in tree order, then the moved row: the order every change to a
+            # tree takes its locks in. The tree ids were read before any lock: if a concurrent
+            # transfer took either record to another tree meanwhile, give these locks back
+            # (the savepoint's rollback releases them) and lock the trees they are in now.
+            trees = sorted({record.tree_id, new_owner.tree_id})
+            attempt = transaction.savepoint()
+            for tree_id in trees:
+                _lock_tree(tree_id)
+            record = Record.objects.select_for_update(no_key=True).get(pk=record.pk)
+            new_owner = Record.objects.get(pk=new_owner.pk)
+            if {record.tree_id, new_owner.tree_id} <= set(trees):
+                transaction.savepoint_commit(attempt)
+                break
+            transaction.savepoint_rollback(attempt)
         old_owner_id = record.parent_id
         if given_by is not None and given_by.pk != old_owner_id:
             raise Conflict(

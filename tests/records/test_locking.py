@@ -1,13 +1,16 @@
-"""What the records' services lock, and what their threads leave behind: the delete pool's
-threads close the database sessions their deletes opened."""
+"""What the records' services lock, and what their threads leave behind: a transfer locks the
+row it moves (after the trees' roots) and the trees it is in when it moves it; the delete
+pool's threads close the database sessions their deletes opened."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from apps.records import services
 from apps.records.choices import Phase
@@ -15,6 +18,7 @@ from apps.records.models import Record
 from kinds.testing import SleepKind
 from tests import factories
 from tests.conftest import wait_for
+from tests.records.test_services import check_tree
 
 
 def _backend_pid() -> int:
@@ -63,3 +67,85 @@ def test_the_delete_pools_threads_leave_no_database_session_open(
     pids = {pid for _, pid in seen}
     assert _backend_pid() not in pids
     wait_for(lambda: not _sessions(pids), what="the pool threads' database sessions to end")
+
+
+# --- transfer ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_transfer_locks_the_row_it_moves_after_the_trees_roots(
+    eager: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    run = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        record = factories.sleep(run, "moved")
+    stand = factories.stand("keep")
+    with CaptureQueriesContext(connection) as queries:
+        services.record_transfer(record=record, new_owner=stand)
+    statements = [q["sql"] for q in queries.captured_queries]
+    locks = [i for i, sql in enumerate(statements) if "FOR NO KEY UPDATE" in sql]
+    writes = [i for i, sql in enumerate(statements) if sql.lstrip().upper().startswith("UPDATE")]
+    roots = [i for i in locks if '"parent_id" IS NULL' in statements[i]]
+    row = [i for i in locks if record.pk.hex in statements[i] and i not in roots]
+    assert len(roots) == 2, statements
+    assert len(row) == 1, statements
+    assert max(roots) < row[0] < min(writes), "roots first, then the moved row, then the move"
+    assert Record.objects.get(pk=record.pk).parent_id == stand.pk
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """``fn`` on a thread of its own (its own database session, closed at the end)."""
+    out: dict[str, Any] = {}
+
+    def body() -> None:
+        out["pid"] = _backend_pid()
+        try:
+            out["result"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transfer_locks_the_tree_the_record_is_in_when_it_moves_it(eager: None) -> None:
+    """The caller's copy of the record was read before another transfer took it to another
+    tree: the move must lock that tree, not the one the copy names, or it shifts the tree's
+    nodes while another change to the same tree is under way, and corrupts it."""
+    run, first, second, third = (
+        factories.run(),
+        factories.stand("first"),
+        factories.stand("second"),
+        factories.stand("third"),
+    )
+    before, moved = factories.sleep(run, "before"), factories.sleep(run, "moved")
+    stale = Record.objects.get(pk=moved.pk)  # read while it is in the run's tree
+    services.record_transfer(record=before, new_owner=first)
+    services.record_transfer(record=moved, new_owner=first)  # now in first's tree, after ``before``
+
+    changing, done = threading.Event(), threading.Event()
+
+    def change_the_first_tree() -> None:
+        with transaction.atomic():  # held open: ``before`` leaves, ``moved`` shifts left
+            services.record_transfer(record=Record.objects.get(pk=before.pk), new_owner=third)
+            changing.set()
+            done.wait(timeout=60)
+
+    changer, _ = _in_thread(change_the_first_tree)
+    assert changing.wait(timeout=30)
+    mover, out = _in_thread(lambda: services.record_transfer(record=stale, new_owner=second))
+    try:
+        wait_for(lambda: "pid" in out and _waits_for_a_lock(out["pid"]), what="the transfer to wait for the change")
+    finally:
+        done.set()
+        changer.join(timeout=60)
+        mover.join(timeout=60)
+    assert "error" not in out, out.get("error")
+    assert Record.objects.get(pk=moved.pk).parent_id == second.pk
+    assert Record.objects.get(pk=before.pk).parent_id == third.pk
+    for root in (run, first, second, third):
+        check_tree(Record.objects.get(pk=root.pk).tree_id)
