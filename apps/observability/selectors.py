@@ -1,17 +1,23 @@
-"""Reads of observability data: a record's (or subtree's) log lines, a record's metric series
-aggregated per step, and a trace as a span tree."""
+"""Reads of observability data: a record's (or subtree's) log lines and their live follow
+(shared by the REST views, the server-sent events and the websocket), a record's metric
+series aggregated per step, and a trace as a span tree."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection
-from django.db.models import QuerySet
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
+from django.db.models import BigIntegerField, Func, QuerySet, TextField
+from django.db.models.functions import Cast
+from django.utils import timezone
 
 from apps.core.db import is_postgresql
 from apps.core.errors import ValidationFailed
@@ -67,6 +73,215 @@ def log_horizon() -> int | None:
         )
         (announced,) = cursor.fetchone()
     return int(taken) if announced is None else min(int(taken), int(announced))
+
+
+# --- the live follow: the REST shape, batches by id up to the horizon -------------------------
+
+LOG_FIELDS = ("id", "record_id", "record__name", "at", "stream", "severity", "source", "message")
+
+
+def _at_format() -> Any:
+    """``DateTimeField().to_representation`` for the rows of one page: the current time zone
+    looked up once, not per line (per line it was a third of a live log stream's CPU,
+    bench/agent_logs.py); the same text (ISO 8601, ``Z`` for UTC)."""
+    zone = timezone.get_current_timezone()
+
+    def at(value: datetime) -> str:
+        if timezone.is_naive(value):  # as DRF's DateTimeField takes it: a time in the current zone
+            value = timezone.make_aware(value, zone)
+        text = value.astimezone(zone).isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+    return at
+
+
+def log_output(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``LogLineOutput``'s shape from ``values()`` rows: logs are read in pages of hundreds,
+    and a ModelSerializer per line cost ten times the query (bench/logs_query.py)."""
+    at = _at_format()
+    return [
+        {
+            "id": row["id"],
+            "record": str(row["record_id"]),
+            "record_name": row["record__name"],
+            "at": at(row["at"]),
+            "stream": row["stream"],
+            "severity": row["severity"],
+            "source": row["source"],
+            "message": row["message"],
+        }
+        for row in rows
+    ]
+
+
+LOG_STREAM_POLL_SECONDS = 0.25
+# Lines per fetch of a live stream: a fast writer's backlog is read in few queries.
+LOG_STREAM_BATCH = 5000
+
+
+class _EpochMicros(Func):
+    """A time as whole microseconds since 1970 (PostgreSQL). An integer is read in C, where a
+    timestamp went through Django's time-zone loader in Python (a quarter of a live stream's
+    CPU in the web process, bench/agent_logs.py) and ``to_char`` cost PostgreSQL 1.6 us a row.
+    Exact: a float8 holds today's times to a fraction of a microsecond."""
+
+    output_field = BigIntegerField()
+    template = "round(date_part('epoch', %(expressions)s) * 1000000)::bigint"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_json_text = json.encoder.encode_basestring_ascii  # json.dumps(str), in C
+
+
+class LogBatch:
+    """Lines of one fetch of a live stream (``log_batches``): rows as tuples, and what many lines
+    share (the record's id and name, the time of a chunk, stream, source) turned into text once
+    per batch. The text is the same as ``log_output`` and ``json.dumps`` of it give, for a
+    fraction of the CPU (bench/agent_logs.py: the stream was half of the web process's work)."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], records: dict[str, tuple[str, str]], ats: dict[Any, str]) -> None:
+        self.rows = rows
+        self.records = records  # raw record id -> (its id as in the REST shape, its name)
+        self.ats = ats  # time (microseconds on PostgreSQL, else a datetime) -> its text in the REST shape
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def last_id(self) -> int:
+        return int(self.rows[-1][0])
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The REST shape (``LogLineOutput``), one dict per line."""
+        records, ats = self.records, self.ats
+        return [
+            {
+                "id": line_id,
+                "record": records[record][0],
+                "record_name": records[record][1],
+                "at": ats[at],
+                "stream": stream,
+                "severity": severity,
+                "source": source,
+                "message": message,
+            }
+            for line_id, record, at, stream, severity, source, message in self.rows
+        ]
+
+    def events(self) -> str:
+        """Server-sent ``log`` events: byte for byte ``id: <id>\nevent: log\ndata: <json.dumps(line)>\n\n``."""
+        quoted: dict[str, str] = {}  # the few distinct texts of a batch, each JSON-quoted once
+
+        def q(text: str) -> str:
+            value = quoted.get(text)
+            if value is None:
+                value = quoted[text] = _json_text(text)
+            return value
+
+        heads = {
+            raw: f'"record": {q(record)}, "record_name": {q(name)}, "at": '
+            for raw, (record, name) in self.records.items()
+        }
+        ats = {raw: q(text) for raw, text in self.ats.items()}
+        return "".join(
+            [
+                f'id: {line_id}\nevent: log\ndata: {{"id": {line_id}, {heads[record]}{ats[at]}, "stream": {q(stream)}, '
+                f'"severity": {q(severity)}, "source": {q(source)}, "message": {_json_text(message)}}}\n\n'
+                for line_id, record, at, stream, severity, source, message in self.rows
+            ]
+        )
+
+
+def log_fetch(rows: Any, after: int, limit: int = LOG_STREAM_BATCH) -> LogBatch:
+    """Up to ``limit`` of ``rows`` (``log_rows``) after line ``after``, oldest first, up to the
+    ``log_horizon`` (a line committed late with a lower id is not skipped: it is sent first).
+
+    Two queries whose plans do not depend on the table's size or statistics. The first reads
+    ids only, from the (record, id) index, to find the last line of the batch. The second
+    reads the lines in that id range: it cannot run past the batch whichever index the planner
+    picks (an ``id IN (subquery)`` was planned as a scan of the whole table once it held a few
+    hundred thousand lines). Record ids come as text and times as integers; the batch's few
+    distinct times are formatted once, and its records' names come in one more query instead
+    of a join per line."""
+    horizon = log_horizon()  # lines above it may still be joined by lower ids: not yet
+    if horizon is not None:
+        rows = rows.filter(id__lte=horizon)
+    ahead = rows.filter(id__gt=after).order_by("id").values_list("id", flat=True)
+    last = list(ahead[limit - 1 : limit])
+    window = rows.filter(id__gt=after, **({"id__lte": last[0]} if last else {}))
+    postgresql = is_postgresql(rows.db)
+    columns = window.order_by("id").values_list(
+        "id", Cast("record_id", TextField()), _EpochMicros("at") if postgresql else "at",
+        "stream", "severity", "source", "message",
+    )[:limit]  # fmt: skip
+    if postgresql:  # psycopg's rows as they come: Django's iterator cost ~1 us a line more
+        with connections[rows.db].cursor() as cursor:
+            cursor.execute(*columns.query.sql_with_params())
+            fetched = cursor.fetchall()
+    else:
+        fetched = list(columns)
+    records: dict[str, tuple[str, str]] = {}
+    ats: dict[Any, str] = {}
+    if fetched:
+        raw_ids = {row[1] for row in fetched}
+        ids = {raw: str(uuid.UUID(raw)) for raw in raw_ids}  # SQLite keeps uuids without dashes
+        names = dict(Record.objects.filter(pk__in=list(ids.values())).values_list("pk", "name"))
+        records = {raw: (ids[raw], names.get(uuid.UUID(ids[raw]), "")) for raw in raw_ids}
+        at = _at_format()
+        if postgresql:
+            ats = {value: at(_EPOCH + timedelta(microseconds=value)) for value in {row[2] for row in fetched}}
+        else:
+            ats = {value: at(value) for value in {row[2] for row in fetched}}
+    return LogBatch(fetched, records, ats)
+
+
+async def log_batches(rows: Any, after: int) -> AsyncIterator[LogBatch]:
+    """Lines stored after line ``after`` (``LogBatch``), polled by id (the (record, id) index)
+    a few times a second, at once again while a backlog fills whole batches; an empty batch
+    when a poll found nothing (for keep-alives). Serves the server-sent events and the
+    websocket."""
+    fetch = sync_to_async(log_fetch)
+    while True:
+        batch = await fetch(rows, after)
+        if batch:
+            after = batch.last_id
+        yield batch
+        if len(batch) < LOG_STREAM_BATCH:
+            await asyncio.sleep(LOG_STREAM_POLL_SECONDS)
+
+
+def log_start(rows: Any, *, after: int = 0, tail: int = 0, last_event_id: int | None = None) -> int:
+    """Where a live follow of ``rows`` starts: after ``last_event_id`` (a client reconnecting)
+    or ``after``, whichever is later; else before the last ``tail`` lines; else after ``after``
+    (0: from the first line)."""
+    if last_event_id is not None:
+        return max(after, last_event_id)
+    if tail:
+        newest = list(rows.order_by("-id").values_list("id", flat=True)[:tail])
+        return newest[-1] - 1 if newest else 0
+    return after
+
+
+def log_rows(
+    *,
+    record: Record,
+    descendants: bool = True,
+    grep: str | None = None,
+    min_severity: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> tuple[QuerySet[LogLine], Any]:
+    """A record's filtered log lines (``log_lines``) and the ids of the records they cover."""
+    covered: Any = subtree_of(record).values_list("pk", flat=True) if descendants else [record.pk]
+    lines = log_lines(
+        record=record,
+        include_descendants=descendants,
+        grep=grep,
+        min_severity=min_severity,
+        since=since,
+        until=until,
+    )
+    return lines, covered
 
 
 # --- metric series ----------------------------------------------------------------------------

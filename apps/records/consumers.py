@@ -9,7 +9,10 @@ from urllib.parse import parse_qs
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from apps.api.params import log_filter_params, log_start_params
 from apps.core.errors import NotFound, ValidationFailed
+from apps.observability.selectors import log_batches, log_rows, log_start
+from apps.records.selectors import record_get
 
 
 class RecordsConsumer(AsyncJsonWebsocketConsumer):
@@ -65,15 +68,12 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
             follower.cancel()
 
     async def _follow(self, after: int) -> None:
-        from apps.records.api.views import log_batches
-
         async for batch in log_batches(self.rows, after):
             if batch:
                 await self.send_json({"lines": batch.lines()})
 
 
 def _log_query(user: Any, record_id: str, params: dict[str, str]) -> tuple[Any, int]:
-    from apps.records.api.views import log_rows, log_start
-
-    rows, _covered = log_rows(user, record_id, params)
-    return rows, log_start(rows, params)
+    record = record_get(user=user, record_id=record_id)
+    rows, _covered = log_rows(record=record, **log_filter_params(params))
+    return rows, log_start(rows, **log_start_params(params))

@@ -15,9 +15,9 @@ import pytest
 from django.db import connection, transaction
 
 from apps.observability.models import LogLine
-from apps.observability.selectors import log_horizon
+from apps.observability.selectors import log_fetch, log_horizon, log_rows
 from apps.observability.services import log_write, log_write_lines
-from apps.records.api.views import log_fetch, log_rows
+from apps.records.selectors import record_get
 from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,7 +84,7 @@ def test_a_line_committed_late_with_a_lower_id_is_sent_not_skipped(
     late_ids = sorted(LogLine.objects.filter(message__startswith="late").values_list("id", flat=True))
     assert len(late_ids) == 2, "the committed lines are stored"
 
-    rows, _covered = log_rows(user, run.pk, {})
+    rows, _covered = log_rows(record=record_get(user=user, record_id=run.pk))
     held = log_fetch(rows, 0)
     assert messages(held) == [], "the lines above an open writer's ids wait for it"
     horizon = log_horizon()
@@ -105,7 +105,7 @@ def test_a_transaction_that_writes_no_lines_holds_no_stream_back(user: Any, writ
     busy = OpenWriter(lambda: factories.sleep(run, "unrelated"))  # open, writing other rows
     writers.append(busy)
     log_write(record_id=run.pk, message="line")
-    rows, _covered = log_rows(user, run.pk, {})
+    rows, _covered = log_rows(record=record_get(user=user, record_id=run.pk))
     assert messages(log_fetch(rows, 0)) == ["line"]
     busy.commit()
 

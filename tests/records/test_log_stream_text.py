@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from apps.observability.selectors import LOG_FIELDS, LogBatch, log_fetch, log_output, log_rows
 from apps.observability.services import LogEntry, log_write_lines, log_write_many
-from apps.records.api.views import LOG_FIELDS, LogBatch, log_fetch, log_output, log_rows
+from apps.records.selectors import record_get
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +39,7 @@ def test_stream_text_and_lines_are_the_rest_shape_byte_for_byte(user: Any) -> No
     )
     log_write_lines(record_ids=[child.pk], lines=["one\nrow", "next"], at=datetime(2030, 1, 2, 3, 4, 5, 120, UTC))
 
-    lines, _covered = log_rows(user, run.pk, {})
+    lines, _covered = log_rows(record=record_get(user=user, record_id=run.pk))
     rest = log_output(lines.values(*LOG_FIELDS))
     messages = [line["message"] for line in rest]
     assert messages == [

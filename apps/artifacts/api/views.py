@@ -29,12 +29,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst
+from apps.api.params import int_param
 from apps.artifacts import blobs, selectors, services
 from apps.artifacts.api.serializers import ArtifactOutput
 from apps.core.errors import ValidationFailed
 from apps.pipelines import selectors as run_selectors
 from apps.records import selectors as record_selectors
-from apps.records.api.views import int_param
 from apps.records.choices import Phase
 from apps.records.models import Record
 

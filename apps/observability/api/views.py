@@ -3,32 +3,19 @@ span tree (``runs/{id}/trace/``). Thin: parameters in, a selector, the body out.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.errors import ValidationFailed
+from apps.api.params import datetime_param
 from apps.observability import selectors
 from apps.pipelines import selectors as run_selectors
 from apps.records import selectors as record_selectors
-
-
-def _end_param(request: Request) -> dt.datetime | None:
-    raw = request.query_params.get("end")
-    if not raw:
-        return None
-    value = parse_datetime(raw)
-    if value is None:
-        raise ValidationFailed(f"end={raw!r} is not an ISO 8601 date-time", fields={"end": ["not a date-time"]})
-    return timezone.make_aware(value, dt.UTC) if timezone.is_naive(value) else value
-
 
 _Point = inline_serializer(
     "MetricBucket",
@@ -92,7 +79,7 @@ class RecordMetricsView(APIView):
             name=params.get("name") or None,
             window=params.get("window") or None,
             step=params.get("step") or None,
-            end=_end_param(request),
+            end=datetime_param(params, "end"),
             now=timezone.now(),
         )
         body: dict[str, Any] = selectors.metric_series(record=record, query=query)

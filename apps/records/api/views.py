@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import datetime as dt
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import connections
-from django.db.models import BigIntegerField, Func, TextField
-from django.db.models.functions import Cast
 from django.http import StreamingHttpResponse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers, status, viewsets
+from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.pagination import Cursor
 from rest_framework.renderers import BaseRenderer
@@ -27,8 +19,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst, OldestFirstById
+from apps.api.params import MAX_TAIL, datetime_param, int_param, log_filter_params, log_start_params
 from apps.core.errors import NotFound, ValidationFailed
-from apps.observability.selectors import log_horizon, log_lines
+from apps.observability.selectors import LOG_FIELDS, log_batches, log_output, log_rows, log_start
 from apps.observability.services import log_dropped
 from apps.records import selectors, services
 from apps.records.api.serializers import (
@@ -50,57 +43,6 @@ MAX_WAIT_SECONDS = 300
 MAX_TREE_DEPTH = 10
 
 
-def datetime_param(params: Mapping[str, str], name: str) -> Any:
-    """An ISO 8601 query parameter (naive means UTC), None if absent; a field error if malformed."""
-    raw = params.get(name)
-    if not raw:
-        return None
-    value = parse_datetime(raw)
-    if value is None:
-        raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, dt.UTC)
-    return value
-
-
-LOG_FIELDS = ("id", "record_id", "record__name", "at", "stream", "severity", "source", "message")
-_AT = serializers.DateTimeField()
-
-
-def _at_format() -> Any:
-    """``DateTimeField().to_representation`` for the rows of one page: the current time zone
-    looked up once, not per line (per line it was a third of a live log stream's CPU,
-    bench/agent_logs.py); the same text (ISO 8601, ``Z`` for UTC)."""
-    zone = timezone.get_current_timezone()
-
-    def at(value: dt.datetime) -> str:
-        if timezone.is_naive(value):
-            return str(_AT.to_representation(value))
-        text = value.astimezone(zone).isoformat()
-        return text[:-6] + "Z" if text.endswith("+00:00") else text
-
-    return at
-
-
-def log_output(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``LogLineOutput``'s shape from ``values()`` rows: logs are read in pages of hundreds,
-    and a ModelSerializer per line cost ten times the query (bench/logs_query.py)."""
-    at = _at_format()
-    return [
-        {
-            "id": row["id"],
-            "record": str(row["record_id"]),
-            "record_name": row["record__name"],
-            "at": at(row["at"]),
-            "stream": row["stream"],
-            "severity": row["severity"],
-            "source": row["source"],
-            "message": row["message"],
-        }
-        for row in rows
-    ]
-
-
 class EventStreamRenderer(BaseRenderer):
     """Lets ``Accept: text/event-stream`` through content negotiation; errors render as JSON."""
 
@@ -112,169 +54,7 @@ class EventStreamRenderer(BaseRenderer):
         return json.dumps(data).encode()
 
 
-LOG_STREAM_POLL_SECONDS = 0.25
 LOG_STREAM_KEEPALIVE_SECONDS = 15.0
-# Lines per fetch of a live stream: a fast writer's backlog is read in few queries.
-LOG_STREAM_BATCH = 5000
-
-
-class _EpochMicros(Func):
-    """A time as whole microseconds since 1970 (PostgreSQL). An integer is read in C, where a
-    timestamp went through Django's time-zone loader in Python (a quarter of a live stream's
-    CPU in the web process, bench/agent_logs.py) and ``to_char`` cost PostgreSQL 1.6 us a row.
-    Exact: a float8 holds today's times to a fraction of a microsecond."""
-
-    output_field = BigIntegerField()
-    template = "round(date_part('epoch', %(expressions)s) * 1000000)::bigint"
-
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_json_text = json.encoder.encode_basestring_ascii  # json.dumps(str), in C
-
-
-class LogBatch:
-    """Lines of one fetch of a live stream (``log_batches``): rows as tuples, and what many lines
-    share (the record's id and name, the time of a chunk, stream, source) turned into text once
-    per batch. The text is the same as ``log_output`` and ``json.dumps`` of it give, for a
-    fraction of the CPU (bench/agent_logs.py: the stream was half of the web process's work)."""
-
-    def __init__(self, rows: list[tuple[Any, ...]], records: dict[str, tuple[str, str]], ats: dict[Any, str]) -> None:
-        self.rows = rows
-        self.records = records  # raw record id -> (its id as in the REST shape, its name)
-        self.ats = ats  # time (microseconds on PostgreSQL, else a datetime) -> its text in the REST shape
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def last_id(self) -> int:
-        return int(self.rows[-1][0])
-
-    def lines(self) -> list[dict[str, Any]]:
-        """The REST shape (``LogLineOutput``), one dict per line."""
-        records, ats = self.records, self.ats
-        return [
-            {
-                "id": line_id,
-                "record": records[record][0],
-                "record_name": records[record][1],
-                "at": ats[at],
-                "stream": stream,
-                "severity": severity,
-                "source": source,
-                "message": message,
-            }
-            for line_id, record, at, stream, severity, source, message in self.rows
-        ]
-
-    def events(self) -> str:
-        """Server-sent ``log`` events: byte for byte ``id: <id>\nevent: log\ndata: <json.dumps(line)>\n\n``."""
-        quoted: dict[str, str] = {}  # the few distinct texts of a batch, each JSON-quoted once
-
-        def q(text: str) -> str:
-            value = quoted.get(text)
-            if value is None:
-                value = quoted[text] = _json_text(text)
-            return value
-
-        heads = {
-            raw: f'"record": {q(record)}, "record_name": {q(name)}, "at": '
-            for raw, (record, name) in self.records.items()
-        }
-        ats = {raw: q(text) for raw, text in self.ats.items()}
-        return "".join(
-            [
-                f'id: {line_id}\nevent: log\ndata: {{"id": {line_id}, {heads[record]}{ats[at]}, "stream": {q(stream)}, '
-                f'"severity": {q(severity)}, "source": {q(source)}, "message": {_json_text(message)}}}\n\n'
-                for line_id, record, at, stream, severity, source, message in self.rows
-            ]
-        )
-
-
-def log_fetch(rows: Any, after: int, limit: int = LOG_STREAM_BATCH) -> LogBatch:
-    """Up to ``limit`` of ``rows`` (``log_rows``) after line ``after``, oldest first, up to the
-    ``log_horizon`` (a line committed late with a lower id is not skipped: it is sent first).
-
-    Two queries whose plans do not depend on the table's size or statistics. The first reads
-    ids only, from the (record, id) index, to find the last line of the batch. The second
-    reads the lines in that id range: it cannot run past the batch whichever index the planner
-    picks (an ``id IN (subquery)`` was planned as a scan of the whole table once it held a few
-    hundred thousand lines). Record ids come as text and times as integers; the batch's few
-    distinct times are formatted once, and its records' names come in one more query instead
-    of a join per line."""
-    horizon = log_horizon()  # lines above it may still be joined by lower ids: not yet
-    if horizon is not None:
-        rows = rows.filter(id__lte=horizon)
-    ahead = rows.filter(id__gt=after).order_by("id").values_list("id", flat=True)
-    last = list(ahead[limit - 1 : limit])
-    window = rows.filter(id__gt=after, **({"id__lte": last[0]} if last else {}))
-    postgresql = connections[rows.db].vendor == "postgresql"
-    columns = window.order_by("id").values_list(
-        "id", Cast("record_id", TextField()), _EpochMicros("at") if postgresql else "at",
-        "stream", "severity", "source", "message",
-    )[:limit]  # fmt: skip
-    if postgresql:  # psycopg's rows as they come: Django's iterator cost ~1 us a line more
-        with connections[rows.db].cursor() as cursor:
-            cursor.execute(*columns.query.sql_with_params())
-            fetched = cursor.fetchall()
-    else:
-        fetched = list(columns)
-    records: dict[str, tuple[str, str]] = {}
-    ats: dict[Any, str] = {}
-    if fetched:
-        raw_ids = {row[1] for row in fetched}
-        ids = {raw: str(uuid.UUID(raw)) for raw in raw_ids}  # SQLite keeps uuids without dashes
-        names = dict(Record.objects.filter(pk__in=list(ids.values())).values_list("pk", "name"))
-        records = {raw: (ids[raw], names.get(uuid.UUID(ids[raw]), "")) for raw in raw_ids}
-        at = _at_format()
-        if postgresql:
-            ats = {value: at(_EPOCH + dt.timedelta(microseconds=value)) for value in {row[2] for row in fetched}}
-        else:
-            ats = {value: at(value) for value in {row[2] for row in fetched}}
-    return LogBatch(fetched, records, ats)
-
-
-async def log_batches(rows: Any, after: int) -> AsyncIterator[LogBatch]:
-    """Lines stored after line ``after`` (``LogBatch``), polled by id (the (record, id) index)
-    a few times a second, at once again while a backlog fills whole batches; an empty batch
-    when a poll found nothing (for keep-alives). Serves the server-sent events and the
-    websocket."""
-    fetch = sync_to_async(log_fetch)
-    while True:
-        batch = await fetch(rows, after)
-        if batch:
-            after = batch.last_id
-        yield batch
-        if len(batch) < LOG_STREAM_BATCH:
-            await asyncio.sleep(LOG_STREAM_POLL_SECONDS)
-
-
-def log_start(rows: Any, params: Mapping[str, str], last_event_id: str = "") -> int:
-    """Where a live follow starts: after ``Last-Event-ID``, ``after``, or before the last ``tail``
-    lines (default: from the first line)."""
-    after = int_param(params, "after", 0, 0, 2**62)
-    if last_event_id.isdigit():
-        return max(after, int(last_event_id))
-    if params.get("tail"):
-        newest = list(rows.order_by("-id").values_list("id", flat=True)[: int_param(params, "tail", 0, 1, 10_000)])
-        return newest[-1] - 1 if newest else 0
-    return after
-
-
-def log_rows(user: Any, record_id: Any, params: Mapping[str, str]) -> tuple[Any, Any]:
-    """A record's filtered log lines (a ``LogLine`` queryset) and the ids of the records they cover."""
-    record = selectors.record_get(user=user, record_id=record_id)
-    descendants = params.get("descendants", "true").lower() not in {"0", "false", "no"}
-    covered: Any = selectors.subtree_of(record).values_list("pk", flat=True) if descendants else [record.pk]
-    lines = log_lines(
-        record=record,
-        include_descendants=descendants,
-        grep=params.get("grep"),
-        min_severity=params.get("severity"),
-        since=datetime_param(params, "since"),
-        until=datetime_param(params, "until"),
-    )
-    return lines, covered
 
 
 async def _log_events(rows: Any, after: int) -> AsyncIterator[str]:
@@ -288,20 +68,6 @@ async def _log_events(rows: Any, after: int) -> AsyncIterator[str]:
         elif time.monotonic() - quiet_since >= LOG_STREAM_KEEPALIVE_SECONDS:
             yield ": keep-alive\n\n"
             quiet_since = time.monotonic()
-
-
-def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    """An integer query parameter within [lo, hi], ``default`` if absent; a field error otherwise."""
-    raw = params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationFailed(f"{name}={raw!r} is not an integer", fields={name: ["not an integer"]}) from None
-    if not lo <= value <= hi:
-        raise ValidationFailed(f"{name} must be between {lo} and {hi}", fields={name: [f"between {lo} and {hi}"]})
-    return value
 
 
 def _detail(record: Record) -> dict[str, Any]:
@@ -484,10 +250,11 @@ class RecordViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
     def logs(self, request: Request, pk: str) -> Response:
         """The record's log lines (a run's include everything it declared), oldest first."""
-        lines, covered = log_rows(request.user, pk, request.query_params)
+        record = selectors.record_get(user=request.user, record_id=pk)
+        lines, covered = log_rows(record=record, **log_filter_params(request.query_params))
         rows = lines.values(*LOG_FIELDS)
         if request.query_params.get("tail"):
-            response = self._logs_tail(request, rows, int_param(request.query_params, "tail", 0, 1, 10_000))
+            response = self._logs_tail(request, rows, int_param(request.query_params, "tail", 0, 1, MAX_TAIL))
         else:
             page = self.paginate_queryset(rows)
             response = self.get_paginated_response(log_output(page or []))
@@ -508,8 +275,9 @@ class RecordViewSet(viewsets.GenericViewSet):
         """Follow the record's log live as server-sent events: one ``log`` event per line
         (``id`` = the line id, ``data`` = the line as JSON), a comment as keep-alive every
         15 s. Reconnecting clients resume after the ``Last-Event-ID`` they saw."""
-        rows, _covered = log_rows(request.user, pk, request.query_params)
-        after = log_start(rows, request.query_params, request.headers.get("Last-Event-ID", ""))
+        record = selectors.record_get(user=request.user, record_id=pk)
+        rows, _covered = log_rows(record=record, **log_filter_params(request.query_params))
+        after = log_start(rows, **log_start_params(request.query_params, request.headers.get("Last-Event-ID", "")))
         response = StreamingHttpResponse(_log_events(rows, after), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # proxies (nginx) must not hold events back

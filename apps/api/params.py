@@ -1,0 +1,69 @@
+"""Query parameters into typed values, for the REST views and the websocket consumers: a
+malformed value is a 400 naming its field (``ValidationFailed``), never a guess. Selectors
+take the typed values; they never see a request."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from apps.core.errors import ValidationFailed
+
+# The bounds of ``after`` (a line id) and ``tail`` (a number of lines).
+MAX_LINE_ID = 2**62
+MAX_TAIL = 10_000
+
+
+def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """An integer query parameter within [lo, hi], ``default`` if absent; a field error otherwise."""
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationFailed(f"{name}={raw!r} is not an integer", fields={name: ["not an integer"]}) from None
+    if not lo <= value <= hi:
+        raise ValidationFailed(f"{name} must be between {lo} and {hi}", fields={name: [f"between {lo} and {hi}"]})
+    return value
+
+
+def datetime_param(params: Mapping[str, str], name: str) -> Any:
+    """An ISO 8601 query parameter (naive means UTC), None if absent; a field error if malformed."""
+    raw = params.get(name)
+    if not raw:
+        return None
+    value = parse_datetime(raw)
+    if value is None:
+        raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, dt.UTC)
+    return value
+
+
+def log_filter_params(params: Mapping[str, str]) -> dict[str, Any]:
+    """The filters of a record's log (``grep``, ``severity``, ``since``, ``until``,
+    ``descendants``), as ``observability.selectors.log_rows`` takes them."""
+    return {
+        "descendants": params.get("descendants", "true").lower() not in {"0", "false", "no"},
+        "grep": params.get("grep"),
+        "min_severity": params.get("severity"),
+        "since": datetime_param(params, "since"),
+        "until": datetime_param(params, "until"),
+    }
+
+
+def log_start_params(params: Mapping[str, str], last_event_id: str = "") -> dict[str, Any]:
+    """Where a live follow starts (``after``, ``tail`` and a ``Last-Event-ID``), as
+    ``observability.selectors.log_start`` takes them."""
+    after = int_param(params, "after", 0, 0, MAX_LINE_ID)
+    resumed = last_event_id.isdigit()  # a reconnecting client: where it was wins over ``tail``
+    return {
+        "after": after,
+        "last_event_id": int(last_event_id) if resumed else None,
+        "tail": 0 if resumed else int_param(params, "tail", 0, 1, MAX_TAIL),
+    }
