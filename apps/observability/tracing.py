@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core.db import is_postgresql
 from apps.observability import otlp
 from apps.observability.models import Span, SpanStatus
 
@@ -185,7 +186,7 @@ class RunTelemetry:
             return []
         exporting = otlp.exporter() is not None
         exported: list[otlp.SpanData] = []
-        postgres = connection.vendor == "postgresql"
+        postgres = is_postgresql()
         at = connection.ops.adapt_datetimefield_value
 
         def uuid_param(value: Any) -> Any:
