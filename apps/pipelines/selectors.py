@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
@@ -14,6 +15,9 @@ from apps.observability.selectors import span_node, trace_tree
 from apps.observability.tracing import run_span_id, trace_id_of
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
+from apps.records.choices import Phase
+from apps.records.models import Record
+from apps.records.selectors import record_visible
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -65,6 +69,47 @@ def run_events(*, run: Run) -> QuerySet[RunEvent]:
 
 def pipeline_list() -> QuerySet[Pipeline]:
     return Pipeline.objects.filter(is_loaded=True).order_by("name")
+
+
+# --- stands ------------------------------------------------------------------------------------
+# A pipeline's stand is a root record (``graphene.stand``, named after the pipeline) made by
+# ``services.stand_get`` when something is first handed to it. Reads never make one: a
+# pipeline with no stand yet has none to show.
+
+
+@dataclass(frozen=True)
+class StandSummary:
+    stand: Record
+    holdings: int  # records the stand holds directly
+    records: int  # records in its tree, itself not counted
+
+
+def _stands(*, user: User) -> QuerySet[Record]:
+    return record_visible(user=user).filter(kind="graphene.stand", parent__isnull=True).exclude(phase=Phase.DELETED)
+
+
+def stand_list(*, user: User) -> list[StandSummary]:
+    """The live stands of loaded pipelines, by name, with how much each holds."""
+    stands = list(_stands(user=user).order_by("name"))
+    known = {p.name for p in pipeline_list()}
+    live = record_visible(user=user).filter(tree_id__in=[s.tree_id for s in stands]).exclude(phase=Phase.DELETED)
+    sizes = dict(live.values_list("tree_id").annotate(n=Count("pk")))
+    holdings = dict(live.filter(level=1).values_list("tree_id").annotate(n=Count("pk")))
+    return [
+        StandSummary(stand=s, holdings=holdings.get(s.tree_id, 0), records=sizes.get(s.tree_id, 1) - 1)
+        for s in stands
+        if s.name in known
+    ]
+
+
+def stand_find(*, user: User, pipeline: str) -> Record | None:
+    """The pipeline's stand (the one ``services.stand_get`` gives), or None if it has none yet."""
+    return _stands(user=user).filter(namespace="default", name=pipeline).first()
+
+
+def stand_holdings(*, user: User, stand: Record) -> list[Record]:
+    """What the stand holds directly (each the top of a subtree a run handed over), oldest first."""
+    return list(record_visible(user=user).filter(parent=stand).exclude(phase=Phase.DELETED).order_by("created_at"))
 
 
 def _run_status(run: Run) -> tuple[str, str]:

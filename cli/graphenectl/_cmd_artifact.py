@@ -216,7 +216,7 @@ def artifact_put(
     size = file.stat().st_size
     params: dict[str, Any] = {
         "name": name or file.name,
-        "owner": record_id(owner),
+        "owner": record_id(owner, owner=True),
         "sha256": _sha256_of(file),
         "content_type": content_type,
         "ttl_seconds": parse_duration(ttl_opt, option="--ttl") if ttl_opt else None,

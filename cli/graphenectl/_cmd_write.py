@@ -82,7 +82,7 @@ def apply(
             raise UsageError(f"--spec: {spec} must hold a mapping (the kind's spec), not {type(document).__name__}")
         body["spec"] = document
     if owner:
-        body["owner"] = record_id(owner)
+        body["owner"] = record_id(owner, owner=True)
     if ttl_opt:
         body["ttl_seconds"] = parse_duration(ttl_opt, option="--ttl")
     if namespace:
@@ -144,7 +144,7 @@ def transfer(
     Example: graphenectl transfer <id> --to stand/hello --keep-for 4h
     """
     rid = record_id(ref)
-    body: dict[str, Any] = {"to": record_id(to)}
+    body: dict[str, Any] = {"to": record_id(to, owner=True)}
     if from_:
         body["from"] = record_id(from_)
     if keep_for:

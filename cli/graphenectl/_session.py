@@ -7,7 +7,7 @@ from typing import Any
 
 from graphenectl import _config
 from graphenectl._client import DEFAULT_TIMEOUT, Client
-from graphenectl._errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError
+from graphenectl._errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError, NotFoundError
 from graphenectl._resources import RESOURCES, split_ref
 
 
@@ -50,21 +50,46 @@ def get_record(ref: str) -> dict[str, Any]:
     if kind.name == "run":
         return _run_record(client.get(f"runs/{ident}/"))
     if kind.name == "stand":
-        stand = client.get(f"stands/{ident}/")
-        body = client.get(f"records/{stand['id']}/")
+        body = client.get(f"records/{stand_id(ident)}/")
         return body
     raise CliError(
         f"{ref!r} is not a record; use record/<id>, run/<id>, stand/<pipeline> or a record id", exit_code=EXIT_USAGE
     )
 
 
-def record_id(ref: str) -> str:
+def record_id(ref: str, *, owner: bool = False) -> str:
     """The record id for ``ref`` (an owner, a target): a bare or ``record/`` id is taken as is
-    (the server says if it does not exist); ``run/<id>`` and ``stand/<pipeline>`` are looked up."""
+    (the server says if it does not exist); ``run/<id>`` and ``stand/<pipeline>`` are looked up.
+    ``owner``: ``ref`` is to own something (``apply --owner``, ``transfer --to``), so a
+    pipeline's stand that does not exist yet is made (see ``stand_id``)."""
     kind, ident = split_ref(ref)
     if kind is RESOURCES["record"]:
         return ident
+    if kind.name == "stand":
+        return stand_id(ident, make=owner)
     return str(get_record(ref)["id"])
+
+
+def stand_id(pipeline: str, *, make: bool = False) -> str:
+    """The id of the pipeline's stand. A stand is made when a run first hands it something, and
+    reading one makes none; with ``make``, one that does not exist yet is made here, as
+    ``graphenectl apply graphene.stand <pipeline>`` would (a 404 first if no such pipeline)."""
+    client = session.client()
+    stand = client.get(f"stands/{pipeline}/")
+    if stand["id"] is None and make:
+        try:
+            made: dict[str, Any] = client.post("records/", {"kind": "graphene.stand", "name": pipeline})
+            return str(made["id"])
+        except CliError:
+            stand = client.get(f"stands/{pipeline}/")  # made meanwhile (by a run, another command)?
+            if stand["id"] is None:
+                raise
+    if stand["id"] is None:
+        raise NotFoundError(
+            f"the stand of {pipeline!r} does not exist yet: nothing has been handed to it",
+            hint=f"a run makes it when it hands something over; `graphenectl transfer <id> --to stand/{pipeline}`",
+        )
+    return str(stand["id"])
 
 
 def _run_record(run: dict[str, Any]) -> dict[str, Any]:

@@ -339,6 +339,24 @@ def test_transfer_extend_release_and_the_stand(server: Server, ctl: Ctl) -> None
     ctl.ok("delete", rid, "--wait")
 
 
+def test_a_stand_is_made_when_named_as_an_owner_never_by_reading_it(server: Server, ctl: Ctl) -> None:
+    assert server.get("stands/environment/") == {"pipeline": "environment", "id": None, "holdings": []}
+    missing = ctl("tree", "stand/environment")
+    assert missing.code == 3, missing
+    assert "does not exist yet" in missing.err
+    assert ctl.ok("stand", "show", "environment", "-o", "json").json()["id"] is None
+    assert server.get("stands/environment/")["id"] is None, "reading a stand makes none"
+
+    rid = ctl.ok("apply", "test.sleep", "handed", "--owner", stand(ctl)).out.strip().removeprefix("record/")
+    wait_ready(server, rid)
+    held = ctl.ok("transfer", rid, "--to", "stand/environment", "-o", "json").json()
+    made = server.get("stands/environment/")
+    assert held["owner"] == made["id"]
+    assert [h["id"] for h in made["holdings"]] == [rid]
+    assert "graphene.stand/environment" in ctl.ok("tree", "stand/environment").out
+    ctl.ok("delete", rid, "--wait")
+
+
 def test_delete_wait_removes_the_subtree(server: Server, ctl: Ctl) -> None:
     root = stand(ctl)
     child = ctl.ok("apply", "test.sleep", "doomed", "--owner", root, "--spec", "-", stdin="delete_ms: 200").out

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -39,11 +38,25 @@ StandSummary = inline_serializer(
     },
 )
 
+StandDetail = inline_serializer(
+    "StandDetail",
+    fields={
+        "pipeline": serializers.CharField(),
+        "id": serializers.UUIDField(allow_null=True, help_text="null until something is handed to the stand"),
+        "holdings": RecordOutput(many=True),
+    },
+)
+
+
+def _stand(request: Request, pipeline: str) -> Record | None:
+    """The pipeline's stand, None if it has none yet (404 for a pipeline that is not loaded)."""
+    return selectors.stand_find(user=request.user, pipeline=services.definition_get(pipeline).name)
+
 
 def _holding(request: Request, pipeline: str, data: dict[str, Any]) -> Record:
-    stand = services.stand_get(services.definition_get(pipeline).name)
+    stand = _stand(request, pipeline)
     record = record_selectors.record_get(user=request.user, record_id=data["record"])
-    if record.parent_id != stand.pk or record.phase == Phase.DELETED:
+    if stand is None or record.parent_id != stand.pk or record.phase == Phase.DELETED:
         raise ValidationFailed(
             f"record {record.pk} is not held by the stand of {pipeline!r}",
             fields={"record": ["not a holding of this stand"]},
@@ -59,38 +72,24 @@ class StandViewSet(viewsets.ViewSet):
 
     @extend_schema(responses=StandSummary)
     def list(self, request: Request) -> Response:
-        stands = list(
-            Record.objects.filter(kind="graphene.stand", parent__isnull=True)
-            .exclude(phase=Phase.DELETED)
-            .order_by("name")
-        )
-        known = {p.name for p in selectors.pipeline_list()}
-        live = Record.objects.filter(tree_id__in=[s.tree_id for s in stands]).exclude(phase=Phase.DELETED)
-        sizes = dict(live.values_list("tree_id").annotate(n=Count("pk")))
-        holdings = dict(live.filter(level=1).values_list("tree_id").annotate(n=Count("pk")))
         return Response(
             [
-                {
-                    "pipeline": s.name,
-                    "id": str(s.pk),
-                    "holdings": holdings.get(s.tree_id, 0),
-                    "records": sizes.get(s.tree_id, 1) - 1,
-                }
-                for s in stands
-                if s.name in known
+                {"pipeline": s.stand.name, "id": str(s.stand.pk), "holdings": s.holdings, "records": s.records}
+                for s in selectors.stand_list(user=request.user)
             ]
         )
 
-    @extend_schema(operation_id="v1_stands_retrieve", responses=RecordOutput(many=True))
+    @extend_schema(operation_id="v1_stands_retrieve", responses=StandDetail)
     def retrieve(self, request: Request, pipeline: str) -> Response:
-        stand = services.stand_get(services.definition_get(pipeline).name)
-        held = list(Record.objects.filter(parent=stand).exclude(phase=Phase.DELETED).order_by("created_at"))
+        """What the stand holds. A pipeline whose stand has held nothing yet has none: its ``id``
+        is null (a GET makes nothing; the stand is made when something is handed to it)."""
+        stand = _stand(request, pipeline)
         items = []
-        for record in held:
+        for record in selectors.stand_holdings(user=request.user, stand=stand) if stand else []:
             item = dict(RecordOutput(record).data)
             item["subtree_records"] = record.get_descendant_count() + 1
             items.append(item)
-        return Response({"pipeline": pipeline, "id": str(stand.pk), "holdings": items})
+        return Response({"pipeline": pipeline, "id": str(stand.pk) if stand else None, "holdings": items})
 
     @extend_schema(request=ExtendHoldingInput, responses=RecordOutput)
     @action(detail=True, methods=["post"])
