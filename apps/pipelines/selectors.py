@@ -93,6 +93,8 @@ def stand_list(*, user: User) -> list[StandSummary]:
     stands = list(_stands(user=user).order_by("name"))
     known = {p.name for p in pipeline_list()}
     live = record_visible(user=user).filter(tree_id__in=[s.tree_id for s in stands]).exclude(phase=Phase.DELETED)
+    # order_by(): the tree manager orders by (tree_id, lft), which would group by record, not by tree.
+    live = live.order_by()
     sizes = dict(live.values_list("tree_id").annotate(n=Count("pk")))
     holdings = dict(live.filter(level=1).values_list("tree_id").annotate(n=Count("pk")))
     return [

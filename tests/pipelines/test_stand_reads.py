@@ -64,16 +64,18 @@ def test_a_stand_shows_what_it_holds(api: APIClient, eager: None, django_capture
     with django_capture_on_commit_callbacks(execute=True):
         db = factories.sleep(run, "db")
         factories.sleep(db, "data")
+        cache = factories.sleep(run, "cache")
     stand = services.stand_get(PIPELINE)
     records.record_transfer(record=db, new_owner=stand)
+    records.record_transfer(record=cache, new_owner=stand)
 
     with CaptureQueriesContext(connection) as queries:
         detail = api.get(f"/api/v1/stands/{PIPELINE}/").json()
         listing = api.get("/api/v1/stands/").json()
     assert writes(queries) == []
     assert detail["id"] == str(stand.pk)
-    assert [(h["name"], h["subtree_records"]) for h in detail["holdings"]] == [("db", 2)]
-    assert [(s["pipeline"], s["id"], s["holdings"]) for s in listing] == [(PIPELINE, str(stand.pk), 1)]
+    assert [(h["name"], h["subtree_records"]) for h in detail["holdings"]] == [("db", 2), ("cache", 1)]
+    assert listing == [{"pipeline": PIPELINE, "id": str(stand.pk), "holdings": 2, "records": 3}]
 
 
 def test_stands_are_read_through_the_records_visibility(api: APIClient) -> None:
