@@ -22,6 +22,7 @@ from django.utils import timezone
 from graphene_sdk import NonDeterminismError, ResourceFailed
 from pydantic import BaseModel
 
+from apps.core.db import is_postgresql
 from apps.core.errors import GrapheneError as ServiceError
 from apps.pipelines.choices import EntryStatus, RunStatus
 from apps.pipelines.models import JournalEntry, Run
@@ -144,7 +145,7 @@ class Journal:
     # --- the fence ----------------------------------------------------------------------------
 
     def _db(self, value: uuid.UUID) -> Any:
-        return value if connection.vendor == "postgresql" else value.hex
+        return value if is_postgresql() else value.hex
 
     def fence(self, *, lock: bool = True) -> Run:
         """Check this execution still holds the run (its lease, and the run is running), or
@@ -164,7 +165,7 @@ class Journal:
         now = timezone.now()
         fence = "EXISTS (SELECT 1 FROM pipelines_run WHERE id = %s AND lease_token = %s AND status = %s)"
         fence_params = [self._db(self.run.pk), self._db(self.token), RunStatus.RUNNING]
-        cast = "::jsonb" if connection.vendor == "postgresql" else ""
+        cast = "::jsonb" if is_postgresql() else ""
         payload = json.dumps(result)
         error = error.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL (an exception's message may)
         done = now if status != EntryStatus.STARTED else None
