@@ -212,6 +212,8 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "COMPONENT_SPLIT_REQUEST": True,
+    # One name for a choice set used by several fields (a run's status, and a status event's from/to).
+    "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "apps.pipelines.choices.RunStatus"},
 }
 
 # --- Graphene ----------------------------------------------------------------------------
