@@ -19,6 +19,7 @@ from apps.core.errors import Conflict, ValidationFailed
 from apps.records import services
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
+from apps.records.services import delete, transitions
 from kinds.testing import objects_of
 from tests import factories
 
@@ -129,7 +130,7 @@ def test_illegal_transition_is_refused() -> None:
     owner = factories.stand()
     record = Record.objects.get(pk=owner.pk)
     with pytest.raises(services.IllegalTransition):
-        services._transition([record], Phase.DELETED, reason="skip")
+        transitions._transition([record], Phase.DELETED, reason="skip")
     assert Record.objects.get(pk=owner.pk).phase == Phase.READY
 
 
@@ -227,7 +228,7 @@ def test_a_redelivered_batch_goes_on_up_from_records_already_deleted(
     chain = _chain(django_capture_on_commit_callbacks)
     leaf = chain[-1]
     with django_capture_on_commit_callbacks(execute=False):
-        assert services._delete_step([str(leaf.pk)]) == [chain[-2].pk]  # ... and the task dies here
+        assert delete._delete_step([str(leaf.pk)]) == [chain[-2].pk]  # ... and the task dies here
     assert phases(*chain) == [Phase.READY, Phase.READY, Phase.READY, Phase.DELETED]
     with django_capture_on_commit_callbacks(execute=False):
         services.record_delete_batch(record_ids=[str(leaf.pk)])

@@ -1,0 +1,279 @@
+"""Cascade deletion, children first (I3): the deletable frontier in batches of siblings,
+branches in parallel; a failed delete retried with backoff forever and kept visible (I6)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.core import domain
+from apps.core.db import closes_connections
+from apps.records.choices import EventType, Phase
+from apps.records.models import Event, Record
+from apps.records.services.placement import _left_behind
+from apps.records.services.transitions import (
+    _CREATE_IN_FLIGHT,
+    Actor,
+    _enqueue_deletions_on_commit,
+    _error_text,
+    _event_kwargs,
+    _lease,
+    _live_children,
+    _lock_rows,
+    _lock_tree,
+    _notify,
+    _transition,
+    backoff_seconds,
+    operation_lock,
+)
+from kinds import NotYet, get_kind
+
+
+def record_delete_request(
+    *, record: Record, actor: Actor = None, reason: str = "DeleteRequested", message: str = ""
+) -> Record:
+    """Request deletion of ``record`` and its whole subtree, children first (I3)."""
+    with transaction.atomic():
+        _lock_tree(record.tree_id)
+        record = Record.objects.get(pk=record.pk)
+        if record.phase == Phase.DELETED:
+            return record
+        now = timezone.now()
+        subtree = Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght).exclude(
+            phase=Phase.DELETED
+        )
+        marked = subtree.filter(deletion_requested_at__isnull=True).update(
+            deletion_requested_at=now, next_attempt_at=now + _lease(), updated_at=now
+        )
+        Event.objects.create(
+            **_event_kwargs(
+                record.pk,
+                EventType.DELETION_REQUESTED,
+                reason=reason,
+                message=message or f"deleting {record} and its subtree",
+                data={"subtree_records": marked},
+                actor=actor,
+                at=now,
+            )
+        )
+        frontier = (
+            subtree.exclude(phase__in=[Phase.DELETING, Phase.DELETE_FAILED])
+            .filter(~_live_children())
+            .values_list("pk", "parent_id")
+        )
+        _enqueue_deletions_on_commit(list(frontier))
+        _notify([record.pk])
+        record.deletion_requested_at = record.deletion_requested_at or now
+    return record
+
+
+def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[Any, BaseException | None]:
+    """Call each kind's delete; independent objects are deleted concurrently."""
+
+    def one(record: Record) -> BaseException | None:
+        try:
+            kind = get_kind(record.kind)
+            left_behind = _left_behind(record)  # a move not finished: the old place first
+            if record.pk in wait_for_create:
+                with operation_lock(record.pk):
+                    if left_behind is not None:
+                        kind.delete(left_behind)
+                    kind.delete(record)
+            else:
+                if left_behind is not None:
+                    kind.delete(left_behind)
+                kind.delete(record)
+        except Exception as exc:
+            return exc
+        return None
+
+    if len(records) == 1:
+        return {records[0].pk: one(records[0])}
+    if any(r.pk in wait_for_create for r in records):
+        # The operation lock uses this thread's database connection: stay on this thread.
+        return {r.pk: one(r) for r in records}
+    # A kind's delete may use the database (logs, lookups): on a pool thread that opens the
+    # thread's own connection, which nothing else would ever close.
+    results = _executor().map(closes_connections(one), records)
+    return dict(zip((r.pk for r in records), results, strict=True))
+
+
+_pool: ThreadPoolExecutor | None = None
+
+# Deletes of one batch at once, per process; at most as many database sessions, each closed
+# when its delete ends.
+DELETE_THREADS = 16
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=DELETE_THREADS, thread_name_prefix="graphene-delete")
+    return _pool
+
+
+def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
+    """Delete a batch of records whose children are all gone, then go on up the tree.
+
+    Parents left without live children are deleted by the same task (the next batch), so a
+    branch is walked to its top without a round trip through the broker per level; more
+    parents than one batch holds are handed to new tasks. If this task dies on the way, its
+    redelivery finds the parents again from the ids it was given (see ``_delete_step``), and
+    the reconciler is the net below that.
+    """
+    ids = list(record_ids)
+    while ids:
+        ids = _delete_step(ids)
+
+
+def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
+    """One batch: claim, call the kinds' deletes, mark deleted. Returns the parents to go on with."""
+    with transaction.atomic():
+        rows = list(
+            Record.objects.select_for_update(no_key=True)
+            .filter(pk__in=list(record_ids), deletion_requested_at__isnull=False)
+            .exclude(phase=Phase.DELETED)
+            .order_by("pk")
+        )
+        busy = set(
+            Record.objects.filter(parent_id__in=[r.pk for r in rows])
+            .exclude(phase=Phase.DELETED)
+            .values_list("parent_id", flat=True)
+        )
+        claim = [r for r in rows if r.pk not in busy]
+        if not claim:
+            if rows:
+                return []  # children still live: the task deleting the last of them goes on
+            # Everything given is deleted already: a redelivery after this task died further up.
+            parent_ids = set(
+                Record.objects.filter(pk__in=list(record_ids), parent_id__isnull=False).values_list(
+                    "parent_id", flat=True
+                )
+            )
+            return _ready_parents(parent_ids)
+        # A record already ``deleting`` was claimed by a batch that died (perhaps while waiting
+        # for an in-flight create): take the operation lock again rather than race that create.
+        resumed = [r.pk for r in claim if r.phase == Phase.DELETING]
+        wait_for_create = {r.pk for r in claim if r.phase in _CREATE_IN_FLIGHT} | set(resumed)
+        lease = {"next_attempt_at": timezone.now() + _lease()}
+        _transition([r for r in claim if r.phase != Phase.DELETING], Phase.DELETING, reason="Deleting", fields=lease)
+        if resumed:
+            Record.objects.filter(pk__in=resumed).update(**lease)
+
+    started_at = timezone.now()
+    results = _run_deletes(claim, wait_for_create)
+
+    with transaction.atomic():
+        parent_ids = {r.parent_id for r in claim if r.parent_id is not None}
+        _lock_rows(parent_ids)  # siblings finishing concurrently serialize here: one sees all gone
+        # A duplicate message (a redelivery after a worker died, the reconciler) may have run
+        # the same deletes meanwhile: re-read our rows under their locks and finish only those
+        # still deleting, so each record is marked deleted exactly once.
+        fresh = {
+            r.pk: r
+            for r in Record.objects.select_for_update(no_key=True).filter(pk__in=[r.pk for r in claim]).order_by("pk")
+        }
+        claim = [fresh[r.pk] for r in claim if r.pk in fresh and fresh[r.pk].phase == Phase.DELETING]
+        now = timezone.now()
+        done = [r for r in claim if results[r.pk] is None]
+        waiting = [r for r in claim if isinstance(results[r.pk], NotYet)]
+        claim = [r for r in claim if not isinstance(results[r.pk], NotYet)]
+        if waiting:
+            _delete_later(waiting, results, now)
+        if claim:
+            domain.emit(
+                domain.RecordsDeleted(
+                    records=tuple(r.ref() for r in claim),  # as they were before the phases change
+                    errors={str(r.pk): _error_or_none(results[r.pk]) for r in claim},
+                    started_at=started_at,
+                    ended_at=now,
+                )
+            )
+        _transition(
+            done,
+            Phase.DELETED,
+            reason="Deleted",
+            fields={
+                "deleted_at": now,
+                "next_attempt_at": None,
+                "attempts": 0,
+                "last_error": "",
+                "next_observe_at": None,
+            },
+        )
+        for record in claim:
+            error = results[record.pk]
+            if error is not None:
+                _delete_failed(record, error)
+        return _ready_parents(parent_ids)
+
+
+def _error_or_none(error: BaseException | None) -> str | None:
+    return None if error is None else _error_text(error)
+
+
+def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
+    """Parents being deleted whose children are all gone: one batch to go on with; any more
+    are enqueued (on commit) for other workers."""
+    ready = list(
+        Record.objects.filter(pk__in=list(parent_ids), deletion_requested_at__isnull=False)
+        .exclude(phase__in=[Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED])
+        .filter(~_live_children())
+        .order_by("parent_id", "pk")
+        .values_list("pk", "parent_id")
+    )
+    size = max(1, settings.GRAPHENE_DELETE_BATCH)
+    _enqueue_deletions_on_commit(ready[size:])
+    return [pk for pk, _parent in ready[:size]]
+
+
+def _delete_later(records: Sequence[Record], results: Mapping[Any, BaseException | None], now: datetime) -> None:
+    """Deletions under way elsewhere: they stay ``deleting``; look again later (or when woken)."""
+    from apps.records.tasks import records_delete_task
+
+    for record in records:
+        wait = results[record.pk]
+        retry_in = max(0.0, wait.retry_in if isinstance(wait, NotYet) else 5.0)
+        Record.objects.filter(pk=record.pk).update(
+            next_attempt_at=now + timedelta(seconds=retry_in) + _lease(), updated_at=now
+        )
+        transaction.on_commit(partial(records_delete_task.apply_async, ([str(record.pk)],), countdown=retry_in))
+
+
+def _delete_failed(record: Record, error: BaseException) -> None:
+    from apps.records.tasks import records_delete_task
+
+    attempts = record.attempts + 1
+    delay = backoff_seconds(attempts)
+    message = _error_text(error)
+    now = timezone.now()
+    Event.objects.create(
+        **_event_kwargs(
+            record.pk,
+            EventType.ERROR,
+            reason="DeleteFailed",
+            message=message,
+            data={"attempt": attempts, "retry_in_s": round(delay, 3)},
+            at=now,
+        )
+    )
+    _transition(
+        [record],
+        Phase.DELETE_FAILED,
+        reason="DeleteFailed",
+        message=message,
+        fields={
+            "attempts": attempts,
+            "last_error": message,
+            "next_attempt_at": now + timedelta(seconds=delay) + _lease(),
+        },
+    )
+    record_id = str(record.pk)
+    transaction.on_commit(lambda: records_delete_task.apply_async(([record_id],), countdown=delay))

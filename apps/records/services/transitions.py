@@ -1,0 +1,230 @@
+"""What every part of the records services shares: checked phase transitions with their
+events, locks (tree roots, rows, a record's operation lock), client notifications, and the
+enqueueing of convergence and deletion after commit."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from apps.core import domain
+from apps.core.db import advisory_lock, lock_key
+from apps.core.errors import Conflict, GrapheneError
+from apps.core.events import publish_on_commit
+from apps.records.choices import TRANSITIONS, EventType, Phase
+from apps.records.models import Event, Record
+
+Actor = AbstractBaseUser | AnonymousUser | None
+
+# Phases in which a create may be running, so a delete must wait for the operation lock.
+_CREATE_IN_FLIGHT = frozenset({Phase.PENDING, Phase.CREATING, Phase.UPDATING})
+
+# Phases that convergence works on.
+_CONVERGIBLE = frozenset({Phase.PENDING, Phase.CREATING, Phase.UPDATING})
+
+
+class IllegalTransition(GrapheneError):
+    code = "illegal_transition"
+
+
+def _actor_id(actor: Actor) -> Any:
+    return actor.pk if actor is not None and actor.is_authenticated else None
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=settings.GRAPHENE_OPERATION_LEASE_SECONDS)
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Exponential backoff with 10 % jitter: base, 2·base, 4·base … capped."""
+    base = settings.GRAPHENE_RETRY_BASE_SECONDS * (2 ** max(attempt - 1, 0))
+    delay: float = min(base, settings.GRAPHENE_RETRY_MAX_SECONDS)
+    return delay * random.uniform(0.9, 1.1)  # noqa: S311 - jitter, not crypto
+
+
+def _event(
+    record_id: Any,
+    type: str,
+    *,
+    reason: str = "",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
+    at: datetime | None = None,
+) -> Event:
+    return Event(
+        record_id=record_id,
+        type=type,
+        reason=reason,
+        message=message,
+        data=data or {},
+        actor_id=_actor_id(actor),
+        created_at=at or timezone.now(),
+    )
+
+
+def _notify(ids: Iterable[Any]) -> None:
+    """Tell watchers (Studio, CLI) which records changed; they re-fetch over REST."""
+    id_list = [str(i) for i in ids]
+    if id_list:
+        publish_on_commit("records", {"event": "records.changed", "ids": id_list})
+
+
+def _lock_tree(tree_id: int) -> None:
+    """Serialize changes to one tree's shape by locking its root row."""
+    list(
+        Record.objects.select_for_update(no_key=True)
+        .filter(tree_id=tree_id, parent__isnull=True)
+        .values_list("pk", flat=True)
+    )
+
+
+def _lock_rows(ids: Iterable[Any]) -> None:
+    """Lock rows in a consistent order (by primary key) so concurrent batches cannot deadlock."""
+    list(Record.objects.select_for_update(no_key=True).filter(pk__in=list(ids)).order_by("pk").values_list("pk"))
+
+
+def _transition(
+    records: Sequence[Record],
+    to: str,
+    *,
+    reason: str,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
+    fields: dict[str, Any] | None = None,
+) -> None:
+    """Move locked ``records`` to phase ``to``; one event each, same transaction.
+
+    The caller holds the rows' locks inside ``transaction.atomic``.
+    """
+    if not records:
+        return
+    now = timezone.now()
+    events = []
+    for record in records:
+        if to not in TRANSITIONS[record.phase]:
+            raise IllegalTransition(f"{record} cannot go from {record.phase} to {to}")
+        events.append(
+            _event(
+                record.pk,
+                EventType.PHASE_CHANGED,
+                reason=reason,
+                message=message,
+                data={"from": record.phase, "to": to, **(data or {})},
+                actor=actor,
+                at=now,
+            )
+        )
+        record.phase = to
+        for name, value in (fields or {}).items():
+            setattr(record, name, value)
+    Record.objects.filter(pk__in=[r.pk for r in records]).update(phase=to, updated_at=now, **(fields or {}))
+    Event.objects.bulk_create(events)
+    _notify(r.pk for r in records)
+    if to in _SETTLING:
+        domain.emit(domain.RecordsSettled(record_ids=tuple(str(r.pk) for r in records)))
+
+
+def record_transition(
+    records: Sequence[Record],
+    to: str,
+    *,
+    reason: str,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
+    fields: dict[str, Any] | None = None,
+) -> None:
+    """For other apps whose records change phase on their own events (an agent connecting):
+    the same checked transition and event. Hold the rows' locks inside ``transaction.atomic``."""
+    _transition(records, to, reason=reason, message=message, data=data, actor=actor, fields=fields)
+
+
+def record_event_write(
+    record_id: Any,
+    type: str,
+    *,
+    reason: str,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor: Actor = None,
+) -> Event:
+    """Append an event to a record's history (not a phase change: those go through transitions)
+    and tell its watchers."""
+    event = Event.objects.create(
+        **_event_kwargs(record_id, type, reason=reason, message=message, data=data or {}, actor=actor)
+    )
+    _notify([record_id])
+    return event
+
+
+# Whatever waits on a record (a run's ``Resource.ready()``) is told when it reaches one of
+# these (``RecordsSettled``); DELETED and DELETE_FAILED always follow DELETING, which told it.
+_SETTLING = frozenset({Phase.READY, Phase.CREATE_FAILED, Phase.DRIFTED, Phase.DELETING})
+
+
+@contextmanager
+def operation_lock(record_id: Any) -> Iterator[None]:
+    """Hold the record's operation lock: create and delete of one record never overlap.
+
+    PostgreSQL: a session advisory lock, released if the worker dies (its connection closes).
+    SQLite (embedded, one process): a process-local lock (``apps.core.db.advisory_lock``).
+    """
+    with advisory_lock(lock_key(str(record_id))):
+        yield
+
+
+def _event_kwargs(record_id: Any, type: str, **kwargs: Any) -> dict[str, Any]:
+    event = _event(record_id, type, **kwargs)
+    return {f.attname: getattr(event, f.attname) for f in Event._meta.concrete_fields if f.attname != "id"}
+
+
+def _owner_check_alive(owner: Record) -> None:
+    if owner.phase == Phase.DELETED or owner.deletion_requested_at is not None:
+        raise Conflict(f"owner {owner} ({owner.pk}) is being deleted; it cannot own new records")
+
+
+def _enqueue_converge_on_commit(record_id: Any, countdown: float = 0) -> None:
+    from apps.records.tasks import record_converge_task
+
+    transaction.on_commit(lambda: record_converge_task.apply_async((str(record_id),), countdown=countdown))
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _live_children() -> Exists:
+    return Exists(Record.objects.filter(parent=OuterRef("pk")).exclude(phase=Phase.DELETED))
+
+
+def _enqueue_deletions_on_commit(rows: Iterable[tuple[Any, Any]]) -> None:
+    """Enqueue deletion of (id, parent_id) rows in batches; siblings stay together so the
+    task that deletes the last of them can go on with their parent."""
+    from apps.records.tasks import records_delete_task
+
+    ids = [str(pk) for pk, _parent in sorted(rows, key=lambda row: str(row[1]))]
+    size = max(1, settings.GRAPHENE_DELETE_BATCH)
+    batches = [ids[i : i + size] for i in range(0, len(ids), size)]
+    if batches:
+        transaction.on_commit(lambda: [records_delete_task.delay(batch) for batch in batches])
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
