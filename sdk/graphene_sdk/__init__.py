@@ -5,18 +5,7 @@ The names exported here are the SDK's contract (a test pins ``__all__``).
 
 from graphene_sdk._artifacts import ArtifactRef
 from graphene_sdk._client import Client, RunHandle, RunInfo
-from graphene_sdk._context import (
-    Agent,
-    Attached,
-    AttachedAgent,
-    Context,
-    ExecResult,
-    Guarantee,
-    Need,
-    PutFileResult,
-    Resource,
-    need,
-)
+from graphene_sdk._context import Context
 from graphene_sdk._errors import (
     ChildRunFailed,
     ClientError,
@@ -30,7 +19,9 @@ from graphene_sdk._errors import (
     StepFailed,
     StepTimeout,
 )
+from graphene_sdk._handles import Agent, Attached, AttachedAgent, ExecResult, Need, PutFileResult, Resource, need
 from graphene_sdk._pipeline import Pipeline, pipeline, registered
+from graphene_sdk._runtime import Guarantee
 from graphene_sdk._secrets import SecretRef
 
 __all__ = [

@@ -20,8 +20,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from graphene_sdk import OutcomeUnknown, RemoteError, ResourceFailed
-from graphene_sdk._context import Guarantee
 from graphene_sdk._remote import RemoteCall
+from graphene_sdk._runtime import Guarantee
 
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agents

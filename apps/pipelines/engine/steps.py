@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from graphene_sdk import OutcomeUnknown, StepFailed, StepTimeout
-from graphene_sdk._context import Guarantee
+from graphene_sdk._runtime import Guarantee
 
 from apps.observability.services import log_write
 from apps.pipelines.choices import EntryStatus

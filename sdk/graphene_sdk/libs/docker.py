@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, TypeAlias
 
-from graphene_sdk._context import Agent, Attached, AttachedAgent, Context, Resource
+from graphene_sdk._context import Context
+from graphene_sdk._handles import Agent, Attached, AttachedAgent, Resource
 from graphene_sdk._secrets import SecretRef
 
 __all__ = [

@@ -24,7 +24,8 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from graphene_sdk._artifacts import ArtifactRef
-from graphene_sdk._context import Agent, AttachedAgent, Context, Resource
+from graphene_sdk._context import Context
+from graphene_sdk._handles import Agent, AttachedAgent, Resource
 from graphene_sdk._secrets import SecretRef
 
 SERVER: Literal["server"] = "server"

@@ -31,7 +31,9 @@ from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from graphene_sdk._context import Agent, AttachedAgent, Context, DriftPolicy, Resource
+from graphene_sdk._context import Context
+from graphene_sdk._handles import Agent, AttachedAgent, Resource
+from graphene_sdk._runtime import DriftPolicy
 from graphene_sdk._secrets import SecretRef
 
 __all__ = ["checkout", "commit", "ls_remote", "tag"]

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from graphene_sdk._context import Guarantee
 from graphene_sdk._errors import ChildRunFailed, ResourceFailed, StepFailed, StepTimeout
 from graphene_sdk._pipeline import Pipeline
 from graphene_sdk._remote import RemoteCall
+from graphene_sdk._runtime import Guarantee
 from graphene_sdk.testing._records import CONVERGING, to_json
 from graphene_sdk.testing._results import LogLine, Record, RunResult
 

@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from graphene_sdk._artifacts import ArtifactRef
-from graphene_sdk._context import Attached, Context, Resource
+from graphene_sdk._context import Context
+from graphene_sdk._handles import Attached, Resource
 from graphene_sdk._pipeline import InputT, OutputT, Pipeline
 from graphene_sdk.testing._machines import Machines
 from graphene_sdk.testing._records import CONVERGING, KindBehaviour, OutputsFn, to_json
