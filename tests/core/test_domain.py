@@ -30,7 +30,7 @@ SUBSCRIPTIONS = [
     ("RecordsDeleted", "apps.observability.subscribers.records_deleted"),
     ("RecordDrifted", "apps.observability.subscribers.record_drifted"),
     ("CommandFinished", "apps.observability.subscribers.command_finished"),
-    ("CommandFinished", "apps.agents.services.record_wake_on_command"),
+    ("CommandFinished", "apps.agents.services.commands.record_wake_on_command"),
     ("CommandFinished", "apps.pipelines.services.lifecycle.runs_wake_on_command"),
 ]
 

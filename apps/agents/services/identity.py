@@ -1,0 +1,275 @@
+"""Identity: who an agent is, and how it proves it.
+
+An agent is a record of kind ``agent``. ``agent_declare`` issues a single-use, short-lived
+bootstrap token; the agent's first connect exchanges it for a long-lived credential. Only
+SHA-256 digests are stored. A credential belongs to exactly one agent record; every refusal
+(unknown, foreign, used, revoked, expired) is an ``error`` event on the agent record(s)
+involved, and the connection is closed with a code from ``protocol``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.conf import settings
+from django.db import transaction
+from graphene_agent import protocol
+
+from apps.agents.choices import TokenKind
+from apps.agents.models import Agent, AgentToken
+from apps.agents.services.base import AGENT_KIND, AgentRefused, _now, _record_event, _retired, agent_group
+from apps.agents.services.capabilities import needs_clean
+from apps.core.errors import Conflict, ValidationFailed
+from apps.core.events import publish_on_commit
+from apps.records import services as records
+from apps.records.choices import EventType, Phase
+from apps.records.models import Record
+
+logger = logging.getLogger(__name__)
+
+BOOTSTRAP_PREFIX = "gab_"
+CREDENTIAL_PREFIX = "gac_"
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    record_id: uuid.UUID
+    credential: str | None  # only when a bootstrap token was exchanged
+
+
+class AgentInstall(NamedTuple):
+    """What ``agent_declare`` returns. ``bootstrap_token`` is a secret until it is used."""
+
+    record: Record
+    bootstrap_token: str
+    install_script: str
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _token_create(record: Record, kind: TokenKind, prefix: str, *, now: datetime, expires_at: datetime | None) -> str:
+    """A new token of ``kind`` for ``record``, returned once: only its digest is kept."""
+    token = prefix + secrets.token_urlsafe(32)
+    AgentToken.objects.create(
+        agent=record,
+        kind=kind,
+        digest=_digest(token),
+        prefix=token[:10],
+        created_at=now,
+        expires_at=expires_at,
+    )
+    return token
+
+
+# --- declaration and install data --------------------------------------------------------------
+
+
+def agent_declare(
+    *,
+    owner: Record,
+    name: str,
+    labels: dict[str, str] | None = None,
+    actor: records.Actor = None,
+    server_url: str | None = None,
+    bootstrap_ttl: timedelta | None = None,
+    needs: list[dict[str, Any]] | None = None,
+) -> AgentInstall:
+    """Declare an agent record under ``owner`` and issue install data for a machine.
+
+    Re-declaring returns the same record (and a fresh bootstrap token: each one is single-use).
+    The install script works as cloud-init user-data or over SSH: it downloads the zipapp from
+    the server, checks its SHA-256, writes a 0600 env file and starts the agent.
+    """
+    from apps.agents.bundle import agent_bundle
+
+    bundle = agent_bundle()  # built before the transaction: file work, not database work
+    with transaction.atomic():
+        record = agent_record_declare(owner=owner, name=name, labels=labels, actor=actor, needs=needs)
+        token = agent_bootstrap_issue(record=record, ttl=bootstrap_ttl)
+    script = agent_install_script(record=record, bootstrap_token=token, server_url=server_url, pyz_sha256=bundle.sha256)
+    return AgentInstall(record=record, bootstrap_token=token, install_script=script)
+
+
+def agent_record_declare(
+    *,
+    owner: Record,
+    name: str,
+    labels: dict[str, str] | None = None,
+    actor: records.Actor = None,
+    needs: list[dict[str, Any]] | None = None,
+) -> Record:
+    """Declare the agent record under ``owner`` (idempotent) without issuing a token.
+
+    For installs that issue their own token when they really install (``ssh_install``), so
+    that a replayed declaration leaves no unused bootstrap token behind. With ``needs`` the
+    record is ready only while its agent is connected *and* its machine publishes them.
+    """
+    spec = {"needs": needs_clean(needs)} if needs else {}
+    with transaction.atomic():
+        record = records.record_declare(kind=AGENT_KIND, name=name, owner=owner, spec=spec, labels=labels, actor=actor)
+        Agent.objects.get_or_create(record=record)
+    return record
+
+
+def agent_bootstrap_issue(*, record: Record, ttl: timedelta | None = None) -> str:
+    """A new single-use bootstrap token for ``record`` (returned once; only its digest is kept)."""
+    if record.kind != AGENT_KIND:
+        raise ValidationFailed(f"{record} is not an agent record", fields={"record": ["must be of kind agent"]})
+    if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
+        raise Conflict(f"{record} ({record.pk}) is being deleted; it cannot be enrolled")
+    ttl = ttl or timedelta(seconds=settings.GRAPHENE_AGENT_BOOTSTRAP_TTL_SECONDS)
+    if ttl <= timedelta(0):
+        raise ValidationFailed("the bootstrap token's lifetime must be positive", fields={"bootstrap_ttl": ["> 0"]})
+    now = _now()
+    return _token_create(record, TokenKind.BOOTSTRAP, BOOTSTRAP_PREFIX, now=now, expires_at=now + ttl)
+
+
+def agent_env_file(*, record: Record, bootstrap_token: str, server_url: str | None = None) -> str:
+    """The agent's config file (``KEY=VALUE``; install it with mode 0600: it holds the token)."""
+    # k=v,k=v on one line: labels whose values would break that format stay on the record only.
+    labels = ",".join(
+        f"{k}={v}" for k, v in sorted(record.labels.items()) if not any(c in f"{k}{v}" for c in ",\n\r\x00")
+    )
+    lines = [
+        "# graphene-agent configuration (keep it mode 0600: the bootstrap token is a secret until used)",
+        f"GRAPHENE_AGENT_SERVER={server_url or settings.GRAPHENE_AGENT_SERVER_URL}",
+        f"GRAPHENE_AGENT_ID={record.pk}",
+        f"GRAPHENE_AGENT_BOOTSTRAP_TOKEN={bootstrap_token}",
+    ]
+    if labels:
+        lines.append(f"GRAPHENE_AGENT_LABELS={labels}")
+    return "\n".join(lines) + "\n"
+
+
+def agent_install_script(
+    *, record: Record, bootstrap_token: str, server_url: str | None = None, pyz_sha256: str | None = None
+) -> str:
+    """A POSIX shell script (cloud-init user-data compatible) that installs and starts the agent."""
+    from apps.agents.bundle import agent_bundle
+    from apps.agents.install import render_install_script
+
+    server = (server_url or settings.GRAPHENE_AGENT_SERVER_URL).rstrip("/")
+    return render_install_script(
+        server_url=server,
+        pyz_sha256=pyz_sha256 or agent_bundle().sha256,
+        env_file=agent_env_file(record=record, bootstrap_token=bootstrap_token, server_url=server),
+        agent_name=record.name,
+    )
+
+
+def agent_credentials_revoke(*, record: Record, reason: str = "revoked") -> int:
+    """Revoke every token of the agent and close its connection; it needs a new bootstrap."""
+    now = _now()
+    with transaction.atomic():
+        count = AgentToken.objects.filter(agent=record, revoked_at__isnull=True).update(
+            revoked_at=now, revoked_reason=reason[:120]
+        )
+        _record_event(
+            record.pk, EventType.ERROR, reason="CredentialsRevoked", message=f"{count} token(s) revoked: {reason}"
+        )
+        publish_on_commit(
+            agent_group(record.pk),
+            {"event": "agent.close", "code": protocol.CLOSE_REFUSED, "reason": f"the credential was revoked: {reason}"},
+        )
+    return count
+
+
+# --- authentication ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    close_code: int
+    reason: str
+    message: str
+    record_ids: tuple[Any, ...]
+    data: dict[str, Any]
+
+
+def agent_authenticate(
+    *, agent_id: str, credential: str | None = None, bootstrap_token: str | None = None, peer: str = ""
+) -> Authenticated:
+    """Check what a connecting agent presents; exchange a bootstrap token for a credential.
+
+    Raises ``AgentRefused`` (after committing an ``error`` event on the agent records
+    involved) for anything but a valid, current token of the claimed agent.
+    """
+    try:
+        claimed = uuid.UUID(str(agent_id))
+    except ValueError:
+        raise AgentRefused(
+            f"agent_id {agent_id!r} is not a UUID", close_code=protocol.CLOSE_UNAUTHENTICATED, reason="BadAgentId"
+        ) from None
+    with transaction.atomic():
+        outcome = _authenticate(claimed, credential, bootstrap_token, peer)
+    if isinstance(outcome, _Refusal):
+        with transaction.atomic():
+            for record_id in outcome.record_ids:
+                _record_event(
+                    record_id, EventType.ERROR, reason=outcome.reason, message=outcome.message, data=outcome.data
+                )
+        logger.warning("agent %s from %s refused: %s", claimed, peer or "?", outcome.message)
+        raise AgentRefused(outcome.message, close_code=outcome.close_code, reason=outcome.reason)
+    return outcome
+
+
+def _authenticate(
+    claimed: uuid.UUID, credential: str | None, bootstrap_token: str | None, peer: str
+) -> Authenticated | _Refusal:
+    now = _now()
+    kind = TokenKind.CREDENTIAL if credential else TokenKind.BOOTSTRAP
+    secret = credential or bootstrap_token or ""
+    noun = "credential" if kind == TokenKind.CREDENTIAL else "bootstrap token"
+    claimed_ids = tuple(Record.objects.filter(pk=claimed, kind=AGENT_KIND).values_list("pk", flat=True))
+    data: dict[str, Any] = {"peer": peer, "claimed_agent": str(claimed), "presented": noun}
+
+    def refuse(code: int, reason: str, message: str, ids: tuple[Any, ...] = claimed_ids) -> _Refusal:
+        return _Refusal(code, reason, message, ids, data)
+
+    if not secret:
+        return refuse(protocol.CLOSE_UNAUTHENTICATED, "NoCredential", "the agent presented no credential or token")
+    token = AgentToken.objects.select_for_update().filter(digest=_digest(secret), kind=kind).first()
+    if token is None:
+        return refuse(protocol.CLOSE_UNAUTHENTICATED, "UnknownCredential", f"the {noun} presented is not known")
+    data["token"] = token.prefix
+    if token.agent_id != claimed:
+        return refuse(
+            protocol.CLOSE_REFUSED,
+            "ForeignCredential",
+            f"agent {claimed} presented a {noun} that belongs to agent {token.agent_id}",
+            tuple({*claimed_ids, token.agent_id}),
+        )
+    record = Record.objects.get(pk=token.agent_id)
+    if _retired(record):
+        return refuse(protocol.CLOSE_DELETED, "AgentDeleted", f"agent {record.pk} is deleted or being deleted")
+    if token.revoked_at is not None:
+        why = f": {token.revoked_reason}" if token.revoked_reason else ""
+        return refuse(protocol.CLOSE_REFUSED, f"{kind.title()}Revoked", f"the {noun} was revoked{why}")
+    if token.expires_at is not None and token.expires_at <= now:
+        return refuse(protocol.CLOSE_REFUSED, f"{kind.title()}Expired", f"the {noun} expired at {token.expires_at}")
+    if kind == TokenKind.CREDENTIAL:
+        AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return Authenticated(record_id=record.pk, credential=None)
+    if token.used_at is not None:
+        return refuse(
+            protocol.CLOSE_REFUSED,
+            "BootstrapTokenReused",
+            f"the bootstrap token was already exchanged at {token.used_at.isoformat()}; it is single-use",
+        )
+    # The exchange: this enrollment replaces any earlier one (a re-installed machine).
+    AgentToken.objects.filter(pk=token.pk).update(used_at=now, last_used_at=now)
+    AgentToken.objects.filter(agent=record, revoked_at__isnull=True).exclude(pk=token.pk).update(
+        revoked_at=now, revoked_reason="replaced by a new enrollment"
+    )
+    days = settings.GRAPHENE_AGENT_CREDENTIAL_TTL_DAYS
+    expires_at = now + timedelta(days=days) if days > 0 else None
+    issued = _token_create(record, TokenKind.CREDENTIAL, CREDENTIAL_PREFIX, now=now, expires_at=expires_at)
+    return Authenticated(record_id=record.pk, credential=issued)
