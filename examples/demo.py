@@ -10,7 +10,8 @@
    for containers). It says which, and why. ``--example`` picks a script instead;
 2. wipes the data directory (default ``.graphene-demo/``) so every demo starts fresh;
 3. starts ``graphene up`` on a free loopback port (SQLite, in-process broker, worker and
-   beat threads; no GRAPHENE_DATABASE_URL/BROKER/CHANNEL settings are passed on);
+   beat threads; no GRAPHENE_DATABASE_URL/BROKER/CHANNEL settings are passed on), with the
+   test kinds on (``GRAPHENE_TEST_KINDS``: the tour's records are ``test.sleep`` objects);
 4. waits for ``/readyz`` (with a deadline), reads the admin token the first start wrote;
 5. runs the example against it (``--url``, ``--file-root``, ``--test-world``, and
    ``GRAPHENE_TOKEN`` and ``GRAPHENE_DATA_DIR`` in its environment); the examples check every
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     env |= {
         "DJANGO_SETTINGS_MODULE": "graphene_project.settings.dev",
         "GRAPHENE_DATA_DIR": str(data_dir),
+        "GRAPHENE_TEST_KINDS": "1",  # the dev settings' default, whatever this shell says
         "PYTHONUNBUFFERED": "1",
     }
     server_log = data_dir / "server.log"

@@ -14,6 +14,12 @@ not write it: the services own every write) and must be safe to call again after
   must bring an existing object back to its spec) or reports, as the declaration says.
 * Work that goes on elsewhere (a command on an agent's machine) raises ``NotYet`` from
   ``create``, ``delete`` or ``observe``: the call is repeated later, without counting an attempt.
+* An object on an agent's machine (``agent`` in the spec) is reached through
+  ``kinds.machine.machines()`` only: a self-contained function and its JSON arguments run
+  there for the record's operation, and the answer comes back in the kinds' own terms
+  (a value, ``NotYet``, ``KindError``, ``PermanentError``, ``Abandoned``). A kind imports
+  no app's models and not the agents app (``kinds/file.py`` is the worked example).
+* Kinds named ``test.*`` are test kinds, loaded only with the ``GRAPHENE_TEST_KINDS`` setting.
 * ``sweep`` lists external objects carrying a Graphene marker, for the orphan sweeper;
   ``delete_external`` removes one of them by its external id.
 """
@@ -145,29 +151,40 @@ class UnknownKind(LookupError):
     pass
 
 
+# Kinds named under this prefix exist to exercise the machinery (``kinds/testing.py``): they
+# are loaded only where ``GRAPHENE_TEST_KINDS`` is on (tests, development, the demo).
+TEST_KIND_PREFIX = "test."
+
 _lock = threading.Lock()
 _registry: dict[str, Kind] | None = None
 
 
-def _load() -> dict[str, Kind]:
+def load(*, test_kinds: bool) -> dict[str, Kind]:
+    """Every kind installed under the entry point group, by name; ``test.*`` kinds only with
+    ``test_kinds`` (otherwise their modules are not even imported)."""
     found: dict[str, Kind] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name.startswith(TEST_KIND_PREFIX) and not test_kinds:
+            continue
         cls = ep.load()
         if not (isinstance(cls, type) and issubclass(cls, Kind)):
             raise TypeError(f"entry point {ep.name} = {ep.value} is not a graphene Kind")
         if cls.name != ep.name:
-            raise TypeError(f"entry point {ep.name} loads a kind named {cls.name!r}")
+            raise TypeError(f"entry point {ep.name} = {ep.value} loads a kind named {cls.name!r}")
         found[ep.name] = cls()
     return found
 
 
 def registry() -> dict[str, Kind]:
-    """All installed kinds by name, loaded once per process."""
+    """All installed kinds by name, loaded once per process (test kinds as the
+    ``GRAPHENE_TEST_KINDS`` setting says)."""
     global _registry
     if _registry is None:
         with _lock:
             if _registry is None:
-                _registry = _load()
+                from django.conf import settings
+
+                _registry = load(test_kinds=settings.GRAPHENE_TEST_KINDS)
     return _registry
 
 
@@ -176,13 +193,15 @@ def get_kind(name: str) -> Kind:
         return registry()[name]
     except KeyError:
         known = ", ".join(sorted(registry()))
-        raise UnknownKind(f"unknown kind {name!r}; installed kinds: {known}") from None
+        hint = " (test kinds are loaded only with GRAPHENE_TEST_KINDS on)" if name.startswith(TEST_KIND_PREFIX) else ""
+        raise UnknownKind(f"unknown kind {name!r}{hint}; installed kinds: {known}") from None
 
 
 __all__ = [
     "ARTIFACT_REF_SCHEMA",
     "ENTRY_POINT_GROUP",
     "SECRET_REF_SCHEMA",
+    "TEST_KIND_PREFIX",
     "Drift",
     "Kind",
     "KindError",
@@ -192,6 +211,7 @@ __all__ = [
     "UnknownKind",
     "content_ref",
     "get_kind",
+    "load",
     "registry",
     "string_or_secret",
 ]

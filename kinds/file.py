@@ -2,7 +2,7 @@
 agent's machine (``agent`` in the spec: an absolute path there).
 
 What is done to the file is ``kinds._file_op.file_op``, one self-contained function: called
-here for the server's files, sent as a ``call`` command for an agent's (``kinds._on_agent``).
+here for the server's files, run on an agent's machine for an agent's (``kinds.machine``).
 It marks the file with its record id and never adopts, overwrites or removes a file that is
 not marked as this record's: that is a permanent error naming the path. A file on a machine
 that is gone for good is given up on after a deadline when it is deleted (an event says so).
@@ -22,7 +22,7 @@ from django.conf import settings
 
 from kinds import Drift, Kind, Marked, Observed, PermanentError, content_ref
 from kinds._file_op import file_op
-from kinds._on_agent import Abandoned, abandon, observe_on_agent, run_on_agent
+from kinds.machine import Abandoned, Call, machines
 
 if TYPE_CHECKING:
     from apps.records.models import Record
@@ -134,7 +134,7 @@ class FileKind(Kind):
             args = ["write", _machine_path(record), str(record.id), base64.b64encode(data).decode(), mode]
             content = record.spec["content"]
             secret = isinstance(content, dict) and "$secret" in content  # never stored in the clear (I7)
-            outputs = run_on_agent(record, agent_id, "write", file_op, args, sealed=secret, in_process=True)
+            outputs = machines().run(record, agent_id, "write", Call(file_op, args, sealed=secret, in_process=True))
             return {**outputs, "agent": agent_id}
         target = resolve(record.spec["path"])
         try:
@@ -147,7 +147,8 @@ class FileKind(Kind):
     def observe(self, record: Record) -> Observed | None:
         agent_id = record.spec.get("agent")
         if agent_id:
-            found = observe_on_agent(record, agent_id, file_op, ["observe", _machine_path(record)], in_process=True)
+            call = Call(file_op, ["observe", _machine_path(record)], in_process=True)
+            found = machines().observe(record, agent_id, call)
             return None if found is None else Observed({**found, "agent": agent_id})
         found = file_op("observe", str(resolve(record.spec["path"])))
         return None if found is None else Observed(found)
@@ -170,10 +171,10 @@ class FileKind(Kind):
             except PermanentError:
                 return  # an invalid path never produced a file
             try:
-                args = ["remove", path, str(record.id)]
-                run_on_agent(record, agent_id, "remove", file_op, args, deleting=True, in_process=True)
+                call = Call(file_op, ["remove", path, str(record.id)], in_process=True)
+                machines().run(record, agent_id, "remove", call, deleting=True)
             except Abandoned as exc:
-                abandon(record, exc, left=f"the file {path}")
+                machines().abandon(record, exc, left=f"the file {path}")
             return
         try:
             target = resolve(record.spec["path"])

@@ -104,7 +104,7 @@ class AgentCommand(models.Model):
     waiting_record_id = models.UUIDField(null=True, blank=True)
     # What that record's kind asked for (e.g. write, observe, remove), to find it again.
     operation = models.CharField(max_length=40, blank=True, default="")
-    # When that record's kind took the result (a result is used once; see kinds/_on_agent.py).
+    # When that record's kind took the result (a result is used once; see apps/agents/machine.py).
     consumed_at = models.DateTimeField(null=True, blank=True)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)

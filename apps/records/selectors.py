@@ -123,3 +123,9 @@ def record_subtree(*, record: Record, depth: int) -> list[Record]:
 
 def record_events(*, record: Record) -> QuerySet[Event]:
     return Event.objects.filter(record=record).select_related("actor").order_by("id")
+
+
+def record_deletion_requested(*, record_id: Any) -> bool:
+    """Whether the record's deletion has been requested, as the row says now (a kind's long
+    wait in ``create`` gives up then: the deletion waits for it). A system read, not a user's."""
+    return Record.objects.filter(pk=record_id, deletion_requested_at__isnull=False).exists()

@@ -233,6 +233,10 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.string("GRAPHENE_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}, "celery": {"level": "WARNING"}},
 }
+# Load the test kinds (test.sleep, test.flaky: objects in a directory, with delays and injected
+# failures, kinds/testing.py), which the test suite, the examples and the demo use. Off here
+# and in production; on in the development/embedded and test settings.
+GRAPHENE_TEST_KINDS = env.boolean("GRAPHENE_TEST_KINDS", False)
 # Where the test.sleep/test.flaky kinds keep their objects (one folder per record).
 GRAPHENE_TEST_WORLD_DIR = Path(env.string("GRAPHENE_TEST_WORLD_DIR", str(DATA_DIR / "test-world")) or "")
 # Create attempts before a record settles in create_failed (PermanentError fails at once).

@@ -22,6 +22,7 @@ os.environ.setdefault("GRAPHENE_PIPELINE_MODULES", "tests.pipelines.sample")
 
 from graphene_project.settings.base import *  # noqa: F403
 from graphene_project.settings.base import DATA_DIR
+from graphene_project.settings.env import env
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -29,5 +30,7 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 GRAPHENE_RETRY_BASE_SECONDS = 0.2
 GRAPHENE_RETRY_MAX_SECONDS = 2.0
 GRAPHENE_FILE_ROOT = DATA_DIR / "test-files"
+# The suite's records are mostly test.sleep/test.flaky objects (see base.py).
+GRAPHENE_TEST_KINDS = env.boolean("GRAPHENE_TEST_KINDS", True)
 # A test database per session, so that concurrent test runs on one machine never collide.
 DATABASES["default"]["TEST"] = {"NAME": f"test_graphene_{os.environ['GRAPHENE_QUEUE'].rsplit('-', 1)[-1]}"}  # noqa: F405

@@ -7,16 +7,17 @@ machine, which speaks HTTP/1.1 to the engine's socket there. The kinds' code is 
 the server and on an agent: only ``_common.client()`` changes, for the time a kind method
 runs under ``on_engine`` with ``agent`` in the record's spec.
 
-Each request waits for its command in place (a kind runs synchronously in a worker): the
-command is submitted for the record (``waiting_record``, so it is accepted while the agent's
-own deletion is under way) with an operation starting ``sync:``, which wakes nobody when it
-ends; the worker polls the row, takes the result and builds a ``requests.Response``.
+Each request is one ``machines().request`` (``kinds.machine``): a call waited for in place (a
+kind runs synchronously in a worker), which the machine answers with the engine's response
+as a dict, from which a ``requests.Response`` is built here. Its commands carry the operation
+``OPERATION``.
 
-An agent that is not connected (or leaves while a request is in flight: the command is
-cancelled) makes the operation stop: ``NotYet`` while the agent is only away (a create is
-called again later without counting an attempt; an observation looks again next interval),
-``KindError`` once the agent is lost, and for a deletion the lost-machine deadline of
-``kinds._on_agent`` (past it, ``Abandoned``: ``on_engine`` records what may be left).
+An agent that is not connected (or leaves while a request is in flight: the request is
+cancelled) makes the operation stop, as ``kinds.machine`` says for the record's purpose:
+``NotYet`` while the agent is only away (a create is called again later without counting an
+attempt; an observation looks again next interval), ``KindError`` once the agent is lost,
+and for a deletion the lost-machine deadline (past it, ``Abandoned``: ``on_agent`` records
+what may be left).
 
 Streaming: none of the kinds follows a stream (logs are read with ``since``/``tail``, stats
 with ``stream=False``, a job's exit is a bounded long poll), so single requests suffice. A
@@ -30,7 +31,6 @@ from __future__ import annotations
 import base64
 import io
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -47,35 +47,23 @@ import urllib3
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_encoding_from_headers
 
-from kinds import KindError, NotYet, PermanentError
-from kinds._on_agent import (
-    Abandoned,
-    abandon,
-    agent_state,
-    call_payload,
-    check_reachable,  # the lost-machine rules, shared
-    wait_command,
-)
+from kinds import KindError, PermanentError
 from kinds.docker._engine_http import engine_http
+from kinds.machine import Abandoned, Call, Purpose, machines
 
 if TYPE_CHECKING:
-    from apps.agents.models import AgentCommand
     from apps.records.models import Record
 
 BASE_URL = "tcp://graphene-agent:2375"  # docker-py makes it http://graphene-agent:2375
-OPERATION = "sync:docker"  # see apps.agents.services.SYNC_OPERATION
+# The requests' name, in messages and on their commands (whose operation is ``sync:docker``).
+NAME = "docker"
+OPERATION = f"sync:{NAME}"
 # Raw bytes per piece of a body: as base64 in JSON, well inside a call's 512 KiB.
 CHUNK_BYTES = 360 * 1024
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024
 # docker-py passes no timeout for imports and pulls: how long one may take on the machine.
 UNBOUNDED_REQUEST_S = 900.0
-# What the agent's round trip may add to a request's own timeout before we stop waiting.
-MARGIN_S = 30.0
-# How often a wait checks that the agent is still connected.
-CHECK_S = 1.0
-# ``NotYet`` while the agent is away: when to try again (no attempt is counted).
-AWAY_RETRY_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +73,7 @@ class Target:
 
     record: Record
     agent_id: str
-    mode: str
+    mode: Purpose
     sealed: bool
 
 
@@ -103,7 +91,7 @@ def _has_secret_env(record: Record) -> bool:
 
 
 @contextmanager
-def on_agent(record: Record, mode: str) -> Iterator[Target | None]:
+def on_agent(record: Record, mode: Purpose) -> Iterator[Target | None]:
     """Within: ``client()`` is the engine of the record's agent (if its spec names one).
 
     A deletion given up on (the machine is gone for good) is recorded here and ends quietly:
@@ -120,7 +108,7 @@ def on_agent(record: Record, mode: str) -> Iterator[Target | None]:
     except Abandoned as exc:
         if mode != "delete":
             raise KindError(str(exc)) from exc
-        abandon(record, exc, left=f"the {record.kind} objects labelled graphene.record={record.pk}")
+        machines().abandon(record, exc, left=f"the {record.kind} objects labelled graphene.record={record.pk}")
     finally:
         _target.reset(token)
 
@@ -268,65 +256,15 @@ class AgentAdapter(requests.adapters.BaseAdapter):
 
     def _call(self, target: Target, kwargs: dict[str, Any], seconds: float) -> dict[str, Any]:
         """``engine_http(**kwargs)`` on the machine: its answer (a dict), once it is back."""
-        from apps.agents import services as agents
-        from apps.core.errors import ValidationFailed
-
-        agent, state = agent_state(self.agent_id)
-        what = f"docker on agent {agent.name if agent is not None else self.agent_id}"
-        if agent is None or state is None or state.session is None or agent.phase in ("deleting", "deleted"):
-            self._away(target, agent, state, what)
-        assert agent is not None
-        payload = {**call_payload(engine_http, []), "kwargs": kwargs, "timeout": seconds + MARGIN_S / 2}
-        try:
-            command = agents.command_submit(
-                agent=agent,
-                kind="call",
-                payload=payload,
-                waiting_record=target.record.pk,
-                operation=OPERATION,
-                sealed=target.sealed,  # the container's environment may carry secrets' values (I7)
-                in_process=True,  # bounded by its own timeout: no interpreter to start per request
-            )
-        except ValidationFailed as exc:  # too big for a command: no retry makes it fit
-            raise PermanentError(f"{what}: {exc.detail}") from exc
-        except Exception as exc:  # refused (the agent is being deleted meanwhile): decide next time
-            raise KindError(f"{what}: {getattr(exc, 'detail', exc)}") from exc
-        finished = self._wait(target, command, seconds + MARGIN_S, what)
-        agents.command_take(command=finished)
-        result = finished.result or {}
-        if finished.status != "succeeded":
-            detail = result.get("error_message") or finished.error or finished.status
-            kind = result.get("error_type")
-            raise KindError(f"{what}: {f'{kind}: ' if kind else ''}{detail}")
-        value = result.get("value")
+        call = Call(
+            engine_http,
+            kwargs=kwargs,
+            sealed=target.sealed,  # the container's environment may carry secrets' values (I7)
+            in_process=True,  # bounded by its own timeout: no interpreter to start per request
+        )
+        value = machines().request(target.record, self.agent_id, NAME, call, purpose=target.mode, timeout=seconds)
         if not isinstance(value, dict):
-            raise KindError(f"{what}: the machine answered {type(value).__name__}, not a response")
+            raise KindError(
+                f"{NAME} on agent {self.agent_id}: the machine answered {type(value).__name__}, not a response"
+            )
         return value
-
-    def _wait(self, target: Target, command: AgentCommand, seconds: float, what: str) -> AgentCommand:
-        """The finished command; if the agent leaves meanwhile or the deadline passes, the
-        command is cancelled (nothing is left queued for later) and the operation stops."""
-        from apps.agents import services as agents
-
-        deadline = time.monotonic() + seconds
-        while True:
-            finished = wait_command(command, min(CHECK_S, max(deadline - time.monotonic(), 0.0)))
-            if finished is not None:
-                return finished
-            agent, state = agent_state(self.agent_id)
-            away = state is None or state.session is None
-            if away or time.monotonic() >= deadline:
-                agents.command_cancel(command=command)
-                if away:
-                    self._away(target, agent, state, what)
-                raise KindError(f"{what}: no answer within {seconds:g}s")
-
-    def _away(self, target: Target, agent: Record | None, state: Any, what: str) -> None:
-        """The agent cannot be asked now: always raises (see the module's docstring)."""
-        if target.mode == "delete":
-            retry_in = check_reachable(target.record, agent, state, what, deleting=True)  # Abandoned past the deadline
-            raise NotYet(f"{what}: the agent is not connected", retry_in=min(retry_in, AWAY_RETRY_S * 3))
-        if target.mode == "observe":
-            raise NotYet(f"{what}: the agent is not connected")
-        check_reachable(target.record, agent, state, what, deleting=False)  # lost: KindError; gone: permanent
-        raise NotYet(f"{what}: the agent is not connected; waiting for it", retry_in=AWAY_RETRY_S)

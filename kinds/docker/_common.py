@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 from kinds import Kind, KindError, Marked, PermanentError
+from kinds.machine import Purpose
 
 if TYPE_CHECKING:
     from apps.records.models import Record
@@ -167,9 +168,9 @@ def spec_hash(spec: Mapping[str, Any], ignore: frozenset[str] = frozenset()) -> 
 
 def deletion_requested(record: Record) -> bool:
     """Whether the record's deletion began (a wait in ``create`` gives up: the delete waits for it)."""
-    from apps.records.models import Record
+    from apps.records.selectors import record_deletion_requested
 
-    return Record.objects.filter(pk=record.pk, deletion_requested_at__isnull=False).exists()
+    return record_deletion_requested(record_id=record.pk)
 
 
 def wait_until(
@@ -209,7 +210,7 @@ AGENT_PROPERTY: dict[str, Any] = {
 _M = TypeVar("_M", bound=Callable[..., Any])
 
 
-def on_engine(mode: str) -> Callable[[_M], _M]:
+def on_engine(mode: Purpose) -> Callable[[_M], _M]:
     """Run a kind's ``create``/``observe``/``delete`` (``mode``) against the record's engine:
     the server's, or its agent's machine's when the spec names an ``agent``."""
     from kinds.docker import _agent

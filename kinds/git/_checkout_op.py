@@ -3,11 +3,11 @@
 ``checkout_op`` uses only the standard library and the ``git`` command line of the machine it
 runs on, and imports inside its body: the same code runs in the server's process (checkouts
 under ``GRAPHENE_DATA_DIR/checkouts``) and, sent as an agent's ``call`` command
-(``kinds._on_agent``), on an agent's machine. It is the one place that knows the marker, the
+(``kinds.machine``), on an agent's machine. It is the one place that knows the marker, the
 aside directory, how a ref is fetched and resolved, and how a checkout is removed.
 
 Errors say whether retrying can help by their type (the agent reports the type by name and
-``kinds._on_agent._value`` maps it): ``ValueError`` is permanent (a bad ref, refused
+``kinds.machine.PERMANENT_ERROR_TYPES`` says which): ``ValueError`` is permanent (a bad ref, refused
 credentials, an ``expected_commit`` mismatch), ``FileExistsError`` is a stranger's directory
 (permanent too), ``RuntimeError`` is worth retrying (a network failure, a timeout). Any
 other exception (an ``OSError``) is retried as well.

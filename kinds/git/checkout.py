@@ -2,8 +2,8 @@
 server or on an agent's machine (``agent`` in the spec: an absolute ``path`` there).
 
 What is done to the directory is ``kinds.git._checkout_op.checkout_op``, one self-contained
-function: called here for the server's checkouts, sent as a ``call`` command for an agent's
-(``kinds._on_agent``; *sealed* when it carries a credential). This module decides where
+function: called here for the server's checkouts, run on the machine for an agent's
+(``kinds.machine``; *sealed* when it carries a credential). This module decides where
 (the path), with what (the spec, the secret's value, the commit a heal returns to) and maps
 the function's errors to ``PermanentError`` / ``KindError``.
 
@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from kinds import Drift, Kind, KindError, Marked, Observed, PermanentError
-from kinds._on_agent import Abandoned, abandon, observe_on_agent, run_on_agent
 from kinds.git import cli
 from kinds.git._checkout_op import checkout_op
 from kinds.git.auth import credentials
+from kinds.machine import Abandoned, Call, machines
 
 if TYPE_CHECKING:
     from apps.records.models import Record
@@ -230,7 +230,7 @@ class CheckoutKind(Kind):
         args: list[Any] = ["create", target, str(record.id), options, creds.password if creds is not None else ""]
         if agent_id:
             # The arguments carry the secret's value: the command is stored sealed (I7).
-            outputs = run_on_agent(record, agent_id, "create", checkout_op, args, sealed=creds is not None)
+            outputs = machines().run(record, agent_id, "create", Call(checkout_op, args, sealed=creds is not None))
             return {**outputs, "agent": agent_id}
         outputs = _local(*args)
         assert outputs is not None
@@ -246,7 +246,7 @@ class CheckoutKind(Kind):
                 target = machine_path(record)
             except PermanentError:
                 return None  # an invalid path never produced a directory
-            found = observe_on_agent(record, agent_id, checkout_op, ["observe", target, str(record.id)])
+            found = machines().observe(record, agent_id, Call(checkout_op, ["observe", target, str(record.id)]))
             return None if found is None else Observed({**found, "ref": ref, "agent": agent_id})
         try:
             path = target_path(record)
@@ -281,9 +281,9 @@ class CheckoutKind(Kind):
             _local(*args)
             return
         try:
-            run_on_agent(record, agent_id, "remove", checkout_op, args, deleting=True)
+            machines().run(record, agent_id, "remove", Call(checkout_op, args), deleting=True)
         except Abandoned as exc:
-            abandon(record, exc, left=f"the checkout {target or previous}")
+            machines().abandon(record, exc, left=f"the checkout {target or previous}")
 
     def sweep(self) -> Iterable[Marked]:
         base = root()

@@ -8,16 +8,19 @@ they are published), so a create retry is only a safety net.
 ``delete`` retires the agent (revokes its credentials, ends its commands, tells it to go)
 and never waits for the machine: a machine that is gone for good must not keep its record
 from being deleted.
+
+It lives in the agents app, not in ``kinds/``: its object is this app's own rows. It is
+registered like any kind (the ``graphene.kinds`` entry point ``agent``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from apps.agents.selectors import agent_declared_needs_unmet, agent_is_connected
+from apps.agents.services import agent_retire
+from apps.records.models import Record
 from kinds import Kind, KindError, NotYet, Observed
-
-if TYPE_CHECKING:
-    from apps.records.models import Record
 
 
 class AgentKind(Kind):
@@ -52,12 +55,7 @@ class AgentKind(Kind):
     drift_interval = None  # readiness follows the connection, not observation
 
     def create(self, record: Record) -> dict[str, Any]:
-        from apps.agents.models import Agent
-        from apps.agents.selectors import agent_declared_needs_unmet
-        from apps.records.models import Record
-
-        state = Agent.objects.filter(pk=record.pk).first()
-        if state is None or not state.is_connected:
+        if not agent_is_connected(record=record):
             raise KindError(f"waiting for agent {record.name} to connect (install it with its bootstrap token)")
         unmet = agent_declared_needs_unmet(record=record)
         if unmet:  # publishing a capability settles it (capability_publish); this is the net
@@ -67,14 +65,9 @@ class AgentKind(Kind):
         return outputs
 
     def observe(self, record: Record) -> Observed | None:
-        from apps.agents.models import Agent
-
-        state = Agent.objects.filter(pk=record.pk).first()
-        if state is None or not state.is_connected:
+        if not agent_is_connected(record=record):
             return None
         return Observed(outputs=dict(record.outputs))
 
     def delete(self, record: Record) -> None:
-        from apps.agents.services import agent_retire
-
         agent_retire(record=record)
