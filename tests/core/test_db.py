@@ -33,6 +33,9 @@ def _fetch_one(sql: str, params: list[Any]) -> Any:
 def _sessions(pids: set[int]) -> set[int]:
     """Those of ``pids`` whose database session is still open."""
     with connection.cursor() as cursor:
+        # PostgreSQL keeps one snapshot of the backends' status per transaction (the test's):
+        # drop it, or every poll after the first would see the sessions as they were then.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)])
         return {row[0] for row in cursor.fetchall()}
 

@@ -29,12 +29,16 @@ def _backend_pid() -> int:
 
 def _sessions(pids: set[int]) -> set[int]:
     with connection.cursor() as cursor:
+        # PostgreSQL keeps one snapshot of the backends' status per transaction (the test's):
+        # drop it, or every poll after the first would see the sessions as they were then.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)])
         return {row[0] for row in cursor.fetchall()}
 
 
 def _waits_for_a_lock(pid: int) -> bool:
     with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # see _sessions
         cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
         row = cursor.fetchone()
     return row is not None and row[0] == "Lock"
