@@ -6,24 +6,20 @@ fences its writes. It joins the group ``agent.<id>``, whose messages are hints (
 commands", "close"); it then reads the command rows, which are the truth. It also re-reads
 them on every heartbeat, so a lost hint delays a command by one heartbeat, never loses it.
 
-Terminals (``ws/agents/<id>/pty/``, ``AgentTerminalConsumer``) are relayed, not stored: the
-user's consumer sends ``pty.*`` messages straight to the channel of the agent's current
-connection (``Agent.channel_name``), which forwards them to the agent and sends the agent's
-``pty_*`` answers back to the user's channel. The gateway writes the ``TerminalOpened`` and
-``TerminalClosed`` events (it sees every end: the program's exit, or the agent going away).
+It also relays terminals for ``consumers.terminal``: ``pty.*`` messages from a user's consumer
+go to the agent, the agent's ``pty_*`` answers go back to the user's channel, and the gateway
+writes the ``TerminalOpened`` and ``TerminalClosed`` events (it sees every end: the program's
+exit, or the agent going away).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import time
 import uuid
 from typing import Any
-from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
@@ -31,8 +27,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from graphene_agent import protocol
 
-from apps.agents import selectors, services
-from apps.core.errors import NotFound
+from apps.agents import services
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +217,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
     async def pty_open(self, event: dict[str, Any]) -> None:
         session, reply_to = str(event["session"]), str(event["reply_to"])
         if self.session is None or self.record_id is None:
-            await _channel_send(
+            await channel_send(
                 self.channel_layer,
                 reply_to,
                 {
@@ -284,7 +279,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
                 "seq": int(message["seq"]),
                 "data": str(message["data"]),
             }
-            if not await _channel_send(self.channel_layer, pty["reply_to"], relayed):
+            if not await channel_send(self.channel_layer, pty["reply_to"], relayed):
                 pty["closed_by"] = "gateway"  # the user's consumer is gone or stuck
                 await self.send_json({"type": "pty_close", "session": session})
             return
@@ -308,7 +303,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
                 pty["closed_by"] = "gateway"
                 await self.send_json({"type": "pty_close", "session": session})
                 return
-            await _channel_send(
+            await channel_send(
                 self.channel_layer,
                 pty["reply_to"],
                 {"type": "pty.opened", "session": session, "pid": int(message["pid"]), "argv": argv},
@@ -345,7 +340,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
                 )
             except Exception:
                 logger.exception("could not record the end of terminal %s on agent %s", session, self.record_id)
-        await _channel_send(
+        await channel_send(
             self.channel_layer,
             pty["reply_to"],
             {
@@ -368,7 +363,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             )
 
 
-async def _channel_send(layer: Any, channel: str, message: dict[str, Any], *, patience: float = 5.0) -> bool:
+async def channel_send(layer: Any, channel: str, message: dict[str, Any], *, patience: float = 5.0) -> bool:
     """Send on the channel layer, waiting up to ``patience`` seconds while the channel is full.
 
     Terminal traffic is bounded at its source (the agent's output window, the user's frame size),
@@ -384,263 +379,3 @@ async def _channel_send(layer: Any, channel: str, message: dict[str, Any], *, pa
                 logger.warning("channel %s stayed full for %.0fs; giving up on it", channel, patience)
                 return False
             await asyncio.sleep(0.05)
-
-
-# --- the user's side of a terminal -------------------------------------------------------------
-
-# Close codes of ``ws/agents/<id>/pty/`` before the terminal opened (after it, the end is an
-# ``exit`` message and a normal close).
-CLOSE_BAD_REQUEST = 4400
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
-CLOSE_NOT_FOUND = 4404
-CLOSE_UNAVAILABLE = 4503  # the agent is not connected, or did not start the terminal
-OPEN_TIMEOUT_SECONDS = 20.0
-WATCH_SECONDS = 5.0
-MAX_INPUT_FRAME = 64 * 1024
-DEFAULT_TERM = "xterm-256color"
-
-
-class TerminalRefused(Exception):
-    def __init__(self, code: int, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-
-
-def _dimension(params: dict[str, str], name: str, default: int) -> int:
-    raw = params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise TerminalRefused(CLOSE_BAD_REQUEST, f"{name}={raw!r} must be a whole number") from None
-    if not 1 <= value <= 1000:
-        raise TerminalRefused(CLOSE_BAD_REQUEST, f"{name}={value} must be between 1 and 1000")
-    return value
-
-
-def _terminal_params(query_string: bytes) -> dict[str, Any]:
-    params = {k: v[-1] for k, v in parse_qs(query_string.decode(errors="replace")).items()}
-    term = params.get("term") or DEFAULT_TERM
-    if len(term) > 64 or not all(c.isalnum() or c in "-_.+" for c in term):
-        raise TerminalRefused(CLOSE_BAD_REQUEST, f"term={term[:64]!r} is not a terminal type")
-    command = params.get("command") or None
-    if command is not None and len(command) > 16 * 1024:
-        raise TerminalRefused(CLOSE_BAD_REQUEST, "command is longer than 16 KiB")
-    return {
-        "cols": _dimension(params, "cols", 80),
-        "rows": _dimension(params, "rows", 24),
-        "command": command,
-        "env": {"TERM": term},
-    }
-
-
-def _terminal_target(user: Any, agent_id: str) -> tuple[Any, str]:
-    """The agent record and its connection's channel, or ``TerminalRefused`` (refusals are events)."""
-    try:
-        record = selectors.agent_get(user=user, agent_id=agent_id)
-    except NotFound as exc:
-        raise TerminalRefused(CLOSE_NOT_FOUND, exc.detail) from None
-    if not selectors.agent_can_open_terminal(user=user):
-        detail = (
-            f"{user.get_username()} may not open a terminal on agent {record.name}: "
-            f"that needs the {selectors.TERMINAL_PERMISSION} permission"
-        )
-        services.terminal_refused(record_id=record.pk, user=user, why="permission", message=detail)
-        raise TerminalRefused(CLOSE_FORBIDDEN, detail)
-    connection = selectors.agent_connection(record=record)
-    if connection is None:
-        detail = f"agent {record.name} ({record.pk}) is not connected; a terminal needs a connected agent"
-        services.terminal_refused(record_id=record.pk, user=user, why="not_connected", message=detail)
-        raise TerminalRefused(CLOSE_UNAVAILABLE, detail)
-    return record, connection.channel_name
-
-
-class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-ignore]  # channels is untyped
-    """``ws/agents/<id>/pty/``: a terminal on the agent's machine, for a user with ``agents.open_terminal``.
-
-    Authenticated by the session cookie (the Studio) or ``Authorization: Token <key>``
-    (graphenectl). Query parameters: ``cols`` and ``rows`` (default 80x24), ``term`` (``TERM``,
-    default xterm-256color), ``command`` (a shell line run with ``$SHELL -c``; default: the login
-    shell of the agent's user).
-
-    From the client: binary frames are input (at most 64 KiB each); text frames are JSON:
-    ``{"type": "resize", "cols", "rows"}``, ``{"type": "input", "data": "text"}``,
-    ``{"type": "close"}`` (hang up). To the client: ``{"type": "opened", "session", "pid",
-    "argv", "agent"}``, then the terminal's output as binary frames, then ``{"type": "exit",
-    "exit_code", "signal", "error", "duration_s"}`` and a normal close (1000). ``exit_code`` is
-    null when the terminal did not start or its agent went away (``error`` says which).
-    Refusals send ``{"type": "error", "error", "code"}`` and close with ``code``: 4400 (a bad
-    parameter), 4401 (not authenticated), 4403 (no permission), 4404 (no such agent), 4503 (the
-    agent is not connected or did not start the terminal). Refusals and terminals are events
-    on the agent record (``TerminalRefused``, ``TerminalOpened``, ``TerminalClosed``).
-    """
-
-    async def connect(self) -> None:
-        self.pty_session = uuid.uuid4().hex
-        self.gateway: str | None = None
-        self.record_id: Any = None
-        self.opened = asyncio.Event()
-        self.ended = False
-        self.watchdog: asyncio.Future[None] | None = None
-        # Accept first: a close before accepting is an HTTP 403 for the client, without our code.
-        await self.accept()
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self._refuse(CLOSE_UNAUTHENTICATED, "not authenticated: log in, or send 'Authorization: Token <key>'")
-            return
-        try:
-            params = _terminal_params(self.scope.get("query_string", b""))
-            record, self.gateway = await database_sync_to_async(_terminal_target)(
-                user, str(self.scope["url_route"]["kwargs"]["agent_id"])
-            )
-        except TerminalRefused as exc:
-            await self._refuse(exc.code, exc.detail)
-            return
-        self.record_id = record.pk
-        self.agent_name = record.name
-        opened = await self._to_gateway(
-            {
-                "type": "pty.open",
-                "session": self.pty_session,
-                "reply_to": self.channel_name,
-                "user_id": user.pk,
-                "username": user.get_username(),
-                **params,
-            }
-        )
-        if not opened:
-            await self._refuse(CLOSE_UNAVAILABLE, f"the connection of agent {record.name} does not answer")
-            return
-        self.watchdog = asyncio.ensure_future(self._watch())
-
-    async def _refuse(self, code: int, detail: str) -> None:
-        self.ended = True
-        await self.send(text_data=json.dumps({"type": "error", "error": detail, "code": code}))
-        await self.close(code=code, reason=detail.encode()[:120].decode(errors="ignore"))
-
-    async def _to_gateway(self, message: dict[str, Any]) -> bool:
-        assert self.gateway is not None
-        return await _channel_send(self.channel_layer, self.gateway, message)
-
-    async def _watch(self) -> None:
-        """No answer to the open, or the agent's connection gone without a word (its server died)."""
-        try:
-            await asyncio.wait_for(self.opened.wait(), OPEN_TIMEOUT_SECONDS)
-        except TimeoutError:
-            await self._to_gateway({"type": "pty.close", "session": self.pty_session, "by": "timeout"})
-            await self._refuse(
-                CLOSE_UNAVAILABLE,
-                f"agent {self.agent_name} did not start the terminal within {OPEN_TIMEOUT_SECONDS:.0f}s "
-                "(an agent older than the terminal feature ignores it; update the agent)",
-            )
-            return
-        while not self.ended:
-            await asyncio.sleep(WATCH_SECONDS)
-            assert self.gateway is not None
-            if not await database_sync_to_async(selectors.agent_connection_is_current)(
-                record_id=self.record_id, channel_name=self.gateway
-            ):
-                await self._end({"exit_code": None, "signal": None, "error": "the agent disconnected"})
-                return
-
-    async def disconnect(self, code: int) -> None:
-        if self.watchdog is not None:
-            self.watchdog.cancel()
-        if self.gateway is not None and not self.ended:
-            self.ended = True
-            try:  # hang up: the gateway records the end when the agent reports the exit
-                await self._to_gateway({"type": "pty.close", "session": self.pty_session, "by": "user"})
-            except Exception:  # the gateway's own end closes the terminal if this is lost
-                logger.warning("could not ask agent %s to close terminal %s", self.record_id, self.pty_session)
-
-    # --- from the user ----------------------------------------------------------------------------
-
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.gateway is None or self.ended:
-            return
-        if bytes_data is not None:
-            await self._input(bytes_data)
-            return
-        try:
-            message = json.loads(text_data or "")
-            kind = message.get("type") if isinstance(message, dict) else None
-        except ValueError:
-            kind = None
-        if kind == "input":
-            await self._input(str(message.get("data", "")).encode())
-        elif kind == "resize":
-            try:
-                cols = max(1, min(1000, int(message["cols"])))
-                rows = max(1, min(1000, int(message["rows"])))
-            except (KeyError, TypeError, ValueError):
-                await self._error("a resize needs whole numbers cols and rows")
-                return
-            await self._to_gateway({"type": "pty.resize", "session": self.pty_session, "cols": cols, "rows": rows})
-        elif kind == "close":
-            await self._to_gateway({"type": "pty.close", "session": self.pty_session, "by": "user"})
-        else:
-            await self._error('text frames are JSON: {"type": "resize"|"input"|"close", ...}; input may be binary')
-
-    async def _input(self, data: bytes) -> None:
-        if len(data) > MAX_INPUT_FRAME:
-            await self._error(f"an input frame holds at most {MAX_INPUT_FRAME} bytes; this one was dropped")
-            return
-        if data and not await self._to_gateway(
-            {"type": "pty.input", "session": self.pty_session, "data": base64.b64encode(data).decode("ascii")}
-        ):
-            await self._end({"exit_code": None, "signal": None, "error": "the agent's connection does not keep up"})
-
-    async def _error(self, detail: str) -> None:
-        await self.send(text_data=json.dumps({"type": "error", "error": detail}))
-
-    # --- from the agent (through its gateway) ---------------------------------------------------
-
-    async def pty_opened(self, event: dict[str, Any]) -> None:
-        self.opened.set()
-        await self.send(
-            text_data=json.dumps(
-                {
-                    "type": "opened",
-                    "session": self.pty_session,
-                    "pid": event["pid"],
-                    "argv": event.get("argv", []),
-                    "agent": str(self.record_id),
-                }
-            )
-        )
-
-    async def pty_output(self, event: dict[str, Any]) -> None:
-        try:
-            data = base64.b64decode(event["data"], validate=True)
-        except (binascii.Error, ValueError):
-            logger.warning("terminal %s: output that is not base64 from agent %s", self.pty_session, self.record_id)
-            return
-        await self.send(bytes_data=data)
-        # Delivered: the agent may read more (it keeps at most PTY_WINDOW chunks in flight).
-        await self._to_gateway({"type": "pty.ack", "session": self.pty_session, "seq": event["seq"]})
-
-    async def pty_exit(self, event: dict[str, Any]) -> None:
-        await self._end(event)
-
-    async def _end(self, event: dict[str, Any]) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        self.opened.set()
-        if self.watchdog is not None and self.watchdog is not asyncio.current_task():
-            self.watchdog.cancel()
-        await self.send(
-            text_data=json.dumps(
-                {
-                    "type": "exit",
-                    "exit_code": event.get("exit_code"),
-                    "signal": event.get("signal"),
-                    "error": event.get("error") or "",
-                    "duration_s": event.get("duration_s"),
-                }
-            )
-        )
-        await self.close(code=1000)
