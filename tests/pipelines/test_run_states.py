@@ -43,7 +43,7 @@ def test_a_run_that_waits_and_succeeds_leaves_every_move(user: Any) -> None:
         ("queued", "running", "Started", None),
         ("running", "suspended", "Suspended", None),
         ("suspended", "queued", "Woken", None),
-        ("queued", "running", "Started", None),
+        ("queued", "running", "Continued", None),
         ("running", "succeeded", "Succeeded", None),
     ]
     suspended = RunEvent.objects.get(run=run, to_status="suspended")

@@ -45,7 +45,12 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
         if run.status != RunStatus.QUEUED and not expired and not timer_due:
             return None
         token = uuid.uuid4()
-        reason = "LeaseTakenOver" if expired else "TimerDue" if timer_due else "Started"
+        if expired:
+            reason = "LeaseTakenOver"  # its worker died or stalled
+        elif timer_due:
+            reason = "TimerDue"
+        else:
+            reason = "Started" if run.started_at is None else "Continued"
         run_transition(
             run=run,
             to=RunStatus.RUNNING,
