@@ -1,124 +1,32 @@
-"""Shared fixtures: real Celery worker processes, API clients, waiting on conditions."""
+"""Shared fixtures: worker processes and web servers (own or the session's), the in-process
+driver, API clients. The helpers themselves live in ``tests/harness/``."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from django.conf import settings
-from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-REPO = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
+from tests.harness.driver import Driver
+from tests.harness.processes import (
+    REPO,
+    SharedWorkers,
+    Worker,
+    process_env,
+    purge_queue,
+    running_beat,
+)
+from tests.harness.wait import wait_for
+from tests.harness.web import CHANNEL_LAYER_URL, WebServer
 
-
-def wait_for(condition: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> T:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(interval)
-
-
-def process_env(**extra: str) -> dict[str, str]:
-    """Environment for processes that share this test session's database, queue and data dir."""
-    db = connection.settings_dict
-    env = dict(os.environ)
-    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
-    env.update(
-        DJANGO_SETTINGS_MODULE="graphene_project.settings.test",
-        GRAPHENE_DATABASE_URL=f"postgresql://{db['USER']}@{host}:{port}/{db['NAME']}",
-        PYTHONPATH=str(REPO),
-    )
-    env.update(extra)
-    return env
-
-
-class Worker:
-    """A real ``celery worker`` process (prefork) that tests can SIGKILL."""
-
-    def __init__(self, name: str, log_dir: Path, concurrency: int = 2) -> None:
-        self.name = name
-        self.log = log_dir / f"worker-{name}.log"
-        self.concurrency = concurrency
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Worker:
-        self.log.write_text("")
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "celery", "-A", "graphene_project", "worker",
-                    "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", f"{self.name}@%h",
-                    "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
-                    "--without-gossip", "--without-mingle", "--without-heartbeat",
-                ],
-                cwd=REPO,
-                env=process_env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        wait_for(self._ready, timeout=60, what=f"worker {self.name} to be ready (log {self.log})")
-        return self
-
-    def _ready(self) -> bool:
-        from graphene_project.celery import app
-
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"worker {self.name} exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
-            )
-        return bool(app.control.ping(destination=[f"{self.name}@{socket.gethostname()}"], timeout=0.5))
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker (main process and pool children), as a crash would."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
-@contextlib.contextmanager
-def running_beat(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A real ``celery beat`` (TTL expiry, reconciler, drift ticks) for the block's duration."""
-    beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "graphene_project", "beat", "-s", str(tmp_path / "beat"), "-l", "INFO"],
-        cwd=REPO,
-        env=process_env(),
-        stdout=(tmp_path / "beat.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield beat
-    finally:
-        beat.terminate()
-        beat.wait(timeout=20)
+__all__ = ["REPO", "Worker", "process_env", "purge_queue", "running_beat", "wait_for"]
 
 
 @pytest.fixture
@@ -132,6 +40,22 @@ def eager() -> Iterator[None]:
         yield
     finally:
         app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def drive(transactional_db: None, monkeypatch: pytest.MonkeyPatch) -> Driver:
+    """The in-process driver: tasks sent during the test are captured and run in this process
+    by ``drive.run_until(...)`` (``tests/harness/driver.py``). Whatever is still pending at the
+    end (a timer for later) is dropped with the test's data."""
+    from celery.app.task import Task
+
+    driver = Driver()
+
+    def apply_async(task: Task, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        driver.capture(task, args, kwargs, **options)
+
+    monkeypatch.setattr(Task, "apply_async", apply_async)
+    return driver
 
 
 class WithUser:
@@ -172,20 +96,23 @@ def interrupt(proc: subprocess.Popen[str]) -> int:
         raise
 
 
-def purge_queue() -> None:
-    from graphene_project.celery import app
-
-    app.control.purge()  # the configured queues: this session's private queue
+@pytest.fixture
+def own_workers_only(transactional_db: None) -> None:
+    """The session's shared workers (if this process started any) take no task during the test:
+    the workers the test starts itself are the only ones."""
+    for pool in SharedWorkers.started:
+        pool.pause()
 
 
 @pytest.fixture
-def start_worker(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    """Start real worker processes against this test's (committed) database."""
+def start_worker(own_workers_only: None, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """Start the test's own worker processes against its (committed) database: for tests that
+    kill workers, need a given number of them, or start them with other settings."""
     started: list[Worker] = []
     purge_queue()
 
-    def start(name: str = "w", concurrency: int = 2) -> Worker:
-        worker = Worker(f"{name}{len(started)}", tmp_path, concurrency).start()
+    def start(name: str = "w", concurrency: int = 2, env: dict[str, str] | None = None) -> Worker:
+        worker = Worker(f"{name}{len(started)}", tmp_path, concurrency, env).start()
         started.append(worker)
         return worker
 
@@ -195,10 +122,64 @@ def start_worker(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..
     purge_queue()
 
 
+@pytest.fixture(scope="session")
+def shared_web(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebServer]:
+    """One web server (daphne) for the session's tests that do not kill or restart it."""
+    with django_db_blocker.unblock():
+        server = WebServer(tmp_path_factory.mktemp("shared-web")).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def shared_workers(
+    shared_web: WebServer, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SharedWorkers]:
+    """Two worker processes for the session's tests that neither kill nor reconfigure them."""
+    pool = SharedWorkers(tmp_path_factory.mktemp("shared-workers"), env={"GRAPHENE_AGENT_SERVER_URL": shared_web.url})
+    yield pool
+    pool.stop()
+
+
 @pytest.fixture
-def workers(start_worker: Callable[..., Worker]) -> list[Worker]:
-    """Two worker processes with two pool processes each, like a small installation."""
-    return [start_worker(), start_worker()]
+def workers(transactional_db: None, shared_workers: SharedWorkers) -> Iterator[list[Worker]]:
+    """Two worker processes with two pool processes each, like a small installation: the
+    session's shared ones, idle and with an empty queue when the test starts and again before
+    its data is flushed."""
+    purge_queue()
+    yield shared_workers.ensure()
+    shared_workers.quiesce()
+
+
+@pytest.fixture
+def redis_layer(settings: Any) -> None:
+    """This process publishes (command hints, terminal input) where the web processes listen."""
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": CHANNEL_LAYER_URL, "socket_timeout": 30}]},
+        }
+    }
+
+
+@pytest.fixture
+def web(
+    request: pytest.FixtureRequest, transactional_db: None, redis_layer: None, tmp_path: Path
+) -> Iterator[WebServer]:
+    """The web server (daphne) on this test's database: the session's shared one, or with the
+    ``own_web`` marker (tests that kill or restart it) one of the test's own."""
+    if request.node.get_closest_marker("own_web"):
+        server = WebServer(tmp_path).start()
+        yield server
+        server.kill()  # its agents are stopped by now; a graceful shutdown would only cost time
+        return
+    shared: WebServer = request.getfixturevalue("shared_web")
+    if not shared.is_alive():
+        shared.start()
+    yield shared
+    shared.quiesce()
 
 
 @pytest.fixture

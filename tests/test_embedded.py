@@ -10,69 +10,30 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import stat
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from tests.harness import net
+from tests.harness.net import free_port
+from tests.harness.processes import REPO, WITH_DEFAULT_SIGINT
+from tests.harness.wait import wait_for
+
 pytestmark = pytest.mark.system
 
-REPO = Path(__file__).resolve().parent.parent
 START_DEADLINE = 90.0
 STOP_DEADLINE = 20.0
-T = TypeVar("T")
-_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
 
 
-def wait_for(condition: Callable[[], T], *, timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http(method: str, url: str, *, token: str | None = None, body: Any = None) -> tuple[int, Any]:
-    headers = {"Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Token {token}"
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310  # http:// only
-    try:
-        with _opener.open(request, timeout=90) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
-# Runs COMMAND with SIGINT at its default, so Ctrl-C behaves as in a terminal even if this test
-# run inherited SIGINT ignored (as background jobs of a non-interactive shell do).
-WITH_DEFAULT_SIGINT = [
-    sys.executable,
-    "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
-]
+def http(method: str, url: str, **options: Any) -> tuple[int, Any]:
+    """A request to the embedded server, which may take a while to answer (``?wait=true``)."""
+    return net.http(method, url, timeout=90, **options)
 
 
 class Server:

@@ -27,7 +27,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from tests.conftest import wait_for
+from tests.harness.net import free_port
+from tests.harness.wait import wait_for
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
@@ -45,12 +46,6 @@ def ed25519_keypair() -> KeyPair:
     ).decode()
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     return KeyPair(private_openssh=private, public_line=public.decode())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def sshd_binary() -> str:

@@ -26,8 +26,9 @@ from apps.pipelines.choices import TERMINAL, RunStatus
 from apps.pipelines.models import JournalEntry, Run
 from apps.records.models import Record
 from tests.agents import call_pipelines  # registers the agents.calls* pipelines in this process
-from tests.agents.conftest import AGENT_SRC, WebServer
 from tests.conftest import Worker, running_beat, wait_for
+from tests.harness.agents import AGENT_SRC
+from tests.harness.web import WebServer
 
 PIPELINE_MODULES = "tests.pipelines.sample,tests.agents.call_pipelines"
 

@@ -16,8 +16,10 @@ from apps.pipelines.models import JournalEntry, Run
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
 from tests.agents import capability_pipelines
-from tests.agents.conftest import AgentProcess, WebServer, wait_phase
+from tests.agents.conftest import wait_phase
 from tests.conftest import Worker, wait_for
+from tests.harness.agents import AgentProcess
+from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

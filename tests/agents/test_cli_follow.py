@@ -11,9 +11,11 @@ from typing import Any
 
 from apps.agents.models import AgentCommand
 from apps.records.choices import Phase
-from tests.agents.conftest import WebServer, http, wait_command, wait_phase
+from tests.agents.conftest import wait_command, wait_phase
 from tests.cli.conftest import WITH_DEFAULT_SIGINT, graphenectl_argv
 from tests.conftest import interrupt, read_lines_until
+from tests.harness.net import http
+from tests.harness.web import WebServer
 
 
 def test_logs_follow_prints_command_output_while_it_runs(

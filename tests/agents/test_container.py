@@ -32,8 +32,11 @@ from apps.observability.models import LogLine
 from apps.records.choices import Phase
 from apps.records.models import Record
 from tests.agents import rootfs
-from tests.agents.conftest import WebServer, listening_sockets, wait_command, wait_phase
+from tests.agents.conftest import wait_command, wait_phase
 from tests.conftest import wait_for
+from tests.harness import docker as harness_docker
+from tests.harness.agents import listening_sockets
+from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -76,9 +79,7 @@ print("sockets:", len(inodes), "listening:", found)
 
 @pytest.fixture(scope="session")
 def docker_client() -> docker.DockerClient:
-    client = docker.from_env(timeout=120)
-    client.ping()  # no dockerd, no container tests: .ci/run starts one (ensure_dockerd)
-    return client
+    return harness_docker.client()
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,15 @@ dockerd itself (``GRAPHENE_DOCKER_HOST`` points nowhere), so everything goes thr
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 import pytest
+from django.utils import timezone
 from graphene_sdk.libs.docker import object_name
 
 from apps.agents.models import Agent, AgentCommand
@@ -20,62 +21,50 @@ from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
 from kinds import get_kind
+from kinds._on_agent import RETRY_SECONDS
 from kinds.docker._agent import OPERATION
 from kinds.docker._common import LABEL_RECORD
-from tests.agents.conftest import CHANNEL_LAYER_URL, AgentProcess, wait_phase
+from tests.agents.conftest import wait_phase
 from tests.conftest import Worker, wait_for
-from tests.docker.conftest import IMAGE, _rootfs_tar, counts
+from tests.harness import docker as harness_docker
+from tests.harness.agents import AgentProcess
+from tests.harness.docker import busybox_image, busybox_rootfs_tar, counts
+from tests.harness.web import CHANNEL_LAYER_URL
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
 def docker_client() -> docker.DockerClient:
-    client = docker.from_env(timeout=120)
-    client.ping()
-    return client
+    return harness_docker.client()
 
 
 @pytest.fixture(scope="module")
 def image(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The busybox image of tests/docker, imported once per machine."""
-    try:
-        docker_client.images.get(IMAGE)
-    except docker.errors.NotFound:
-        repository, tag = IMAGE.split(":")
-        tar = _rootfs_tar(tmp_path_factory.mktemp("rootfs"))
-        docker_client.api.import_image_from_file(str(tar), repository=repository, tag=tag, changes=['CMD ["/bin/sh"]'])
-    return IMAGE
+    return busybox_image(docker_client, busybox_rootfs_tar(tmp_path_factory.mktemp("rootfs")))
 
 
 @pytest.fixture
-def worker(start_worker: Callable[..., Worker], monkeypatch: Any) -> Worker:
-    import tests.conftest
-
-    # The worker has no engine of its own: whatever works went through the agent.
-    monkeypatch.setenv("GRAPHENE_DOCKER_HOST", "unix:///nonexistent/graphene-test-docker.sock")
-    # And it tells the web process about its commands through Redis, as a production worker
-    # does (the test settings' in-memory layer would leave them to the agent's next poll).
-    plain = tests.conftest.process_env
-    monkeypatch.setattr(
-        tests.conftest,
-        "process_env",
-        lambda **extra: plain(
-            **{
-                "DJANGO_SETTINGS_MODULE": "tests.agents.web_settings",
-                "GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL": CHANNEL_LAYER_URL,
-                **extra,
-            }
-        ),
+def worker(start_worker: Callable[..., Worker]) -> Worker:
+    """A worker of this test's own, reconfigured: it has no Docker engine of its own (whatever
+    works went through the agent), and it tells the web process about its commands through
+    Redis, as a production worker does (the test settings' in-memory layer would leave them
+    to the agent's next poll)."""
+    return start_worker(
+        env={
+            "GRAPHENE_DOCKER_HOST": "unix:///nonexistent/graphene-test-docker.sock",
+            "DJANGO_SETTINGS_MODULE": "tests.harness.web_settings",
+            "GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL": CHANNEL_LAYER_URL,
+            "GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS": "30",
+        }
     )
-    monkeypatch.setenv("GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS", "30")
-    return start_worker()
 
 
 @pytest.fixture(autouse=True)
 def _no_leftovers(docker_client: docker.DockerClient, transactional_db: None) -> Iterator[None]:
     yield
-    from tests.docker.conftest import labelled
+    from tests.harness.docker import labelled
 
     for container in labelled(docker_client)["containers"]:
         docker_client.api.remove_container(container.id, force=True, v=True)
@@ -191,7 +180,7 @@ def test_an_image_imported_on_an_agents_machine(
     """The root file system tar is on the server; it is uploaded in pieces through the agent."""
     agent, _process = agents("imports")
     wait_phase(agent, Phase.READY)
-    tar = _rootfs_tar(tmp_path)
+    tar = busybox_rootfs_tar(tmp_path)
     image = declare(agent, "image", "box", rootfs_tar=str(tar), changes=['CMD ["/bin/sh"]'])
     ready = wait_phase(image, Phase.READY, timeout=90)
     pieces = report(f"image import ({tar.stat().st_size} bytes of tar)", image)
@@ -214,7 +203,13 @@ def test_a_create_waits_for_an_agent_that_is_away(
     wait_for(lambda: Agent.objects.get(pk=agent.pk).session is None, what="the disconnect")
 
     net = declare(agent, "network", "later")
-    time.sleep(4)  # several tries while the agent is away
+
+    # The create tries, finds the agent away and lets go: its next try is a retry period away.
+    def let_go() -> bool:
+        at = Record.objects.get(pk=net.pk).next_attempt_at
+        return at is not None and at - timezone.now() > timedelta(seconds=RETRY_SECONDS / 2)
+
+    wait_for(let_go, timeout=30, what="the create to try while the agent is away and let go")
     waiting = Record.objects.get(pk=net.pk)
     assert waiting.phase in (Phase.PENDING, Phase.CREATING), waiting.phase
     assert waiting.attempts == 0  # waiting for the machine is not a failed attempt

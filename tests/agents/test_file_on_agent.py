@@ -14,8 +14,9 @@ from apps.agents.models import Agent, AgentCommand
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
-from tests.agents.conftest import AgentProcess, wait_phase
+from tests.agents.conftest import wait_phase
 from tests.conftest import Worker, wait_for
+from tests.harness.agents import AgentProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

@@ -16,12 +16,13 @@ from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
 from apps.secrets.services import secret_create
-from tests.agents.conftest import AgentProcess, wait_phase
+from tests.agents.conftest import wait_phase
 from tests.agents.test_ssh_install import files_containing, tables_containing
 from tests.conftest import Worker, wait_for
 from tests.git import conftest as git_fixtures
 from tests.git.conftest import HTTP_TOKEN, HTTP_USER
 from tests.git.servers import GitDaemon, GitHTTP, Upstream, git
+from tests.harness.agents import AgentProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

@@ -17,8 +17,10 @@ from apps.agents import services
 from apps.agents.choices import CommandStatus
 from apps.records.choices import Phase
 from apps.records.models import Record
-from tests.agents.conftest import AgentProcess, WebServer, wait_command, wait_phase
+from tests.agents.conftest import wait_command, wait_phase
 from tests.conftest import wait_for
+from tests.harness.agents import AgentProcess
+from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -36,6 +38,7 @@ for burst in range(30):
 """
 
 
+@pytest.mark.own_web  # it kills the server
 def test_a_fast_producer_across_a_server_crash_is_stored_once_in_order(
     agents: Callable[..., tuple[Record, AgentProcess]], web: WebServer
 ) -> None:

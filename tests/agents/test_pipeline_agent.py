@@ -17,8 +17,9 @@ from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import JournalEntry, Run
 from apps.records.choices import Phase
 from apps.records.models import Record
-from tests.agents.conftest import AGENT_SRC, WebServer
 from tests.conftest import Worker, wait_for
+from tests.harness.agents import AGENT_SRC
+from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

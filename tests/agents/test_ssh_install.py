@@ -26,9 +26,10 @@ from apps.records.choices import Phase
 from apps.records.models import Record
 from apps.secrets.services import secret_set
 from tests.agents import ssh_pipelines  # noqa: F401 - registers agents.ssh in this process
-from tests.agents.conftest import WebServer
-from tests.agents.sshd import SSHServer, ed25519_keypair, free_port
+from tests.agents.sshd import SSHServer, ed25519_keypair
 from tests.conftest import Worker, wait_for
+from tests.harness.net import free_port
+from tests.harness.web import WebServer
 
 PIPELINE_MODULES = "tests.pipelines.sample,tests.agents.ssh_pipelines"
 KEY_SECRET = "deploy-key"
@@ -279,6 +280,7 @@ def test_a_run_with_a_wrong_host_key_fails_with_the_mismatch_and_sends_nothing(
 
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.own_web  # it kills the server
 def test_a_run_waits_for_an_agent_whose_record_gave_up_and_resumes_when_it_connects(
     web: WebServer, sshd: SSHServer, start_worker: Callable[..., Worker], monkeypatch: Any, tmp_path: Path
 ) -> None:

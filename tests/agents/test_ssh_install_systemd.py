@@ -38,10 +38,12 @@ from apps.records.models import Record
 from apps.records.services import record_delete_request
 from apps.secrets.services import secret_set
 from tests.agents import ssh_pipelines  # noqa: F401 - registers agents.ssh in this process
-from tests.agents.conftest import WebServer, wait_phase
+from tests.agents.conftest import wait_phase
 from tests.agents.sshd import SSHServer
 from tests.agents.test_ssh_install import KEY_SECRET, PIPELINE_MODULES, start_run, target, wait_run
 from tests.conftest import Worker, wait_for
+from tests.harness import docker as harness_docker
+from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -175,9 +177,7 @@ class SystemdMachine:
 
 @pytest.fixture(scope="session")
 def docker_client() -> docker.DockerClient:
-    client = docker.from_env(timeout=120)
-    client.ping()  # no dockerd, no container tests: .ci/run starts one (ensure_dockerd)
-    return client
+    return harness_docker.client()
 
 
 @pytest.fixture

@@ -24,8 +24,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 from apps.agents import services
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
-from tests.agents.conftest import AgentProcess, WebServer, wait_phase
+from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
+from tests.harness.agents import AgentProcess
+from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

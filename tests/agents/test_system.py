@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -26,16 +25,11 @@ from apps.agents.models import Agent, AgentCommand, AgentToken
 from apps.core.errors import ValidationFailed
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
-from tests.agents.conftest import (
-    AgentProcess,
-    WebServer,
-    http,
-    is_private,
-    listening_sockets,
-    wait_command,
-    wait_phase,
-)
+from tests.agents.conftest import is_private, wait_command, wait_phase
 from tests.conftest import wait_for
+from tests.harness.agents import AgentProcess, listening_sockets
+from tests.harness.net import http
+from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -314,6 +308,7 @@ def test_the_servers_own_calls_run_in_the_agents_process_and_a_users_in_their_ow
         services.command_submit(agent=record, kind="exec", payload={"argv": ["true"]}, in_process=True)
 
 
+@pytest.mark.own_web  # it kills the server
 def test_reconnect_with_backoff_delivers_a_queued_command_once(agents: Agents, web: WebServer, tmp_path: Path) -> None:
     record, agent = agents("resilient")
     wait_phase(record, Phase.READY)
@@ -458,6 +453,7 @@ def test_the_agent_refuses_a_config_file_others_can_read(tmp_path: Path) -> None
     assert "chmod 600" in result.stderr
 
 
+@pytest.mark.own_web  # it kills the server
 def test_output_streamed_across_a_server_restart_has_no_gaps_or_duplicates(agents: Agents, web: WebServer) -> None:
     record, agent = agents("streamer")
     wait_phase(record, Phase.READY)
@@ -468,7 +464,9 @@ def test_output_streamed_across_a_server_restart_has_no_gaps_or_duplicates(agent
     source = f"command/{command.pk}"
     wait_for(lambda: record.log_lines.filter(source=source).count() >= 10, what="some output")
     web.kill()
-    time.sleep(0.5)  # output keeps coming while the server is down; the agent holds it
+    # Output keeps coming while the server is down: the agent holds it, trying to reconnect.
+    down = agent.output().count("reconnecting in")
+    wait_for(lambda: agent.output().count("reconnecting in") > down, what="the agent to miss the server")
     web.start()
     done = wait_command(command)
     assert done.status == CommandStatus.SUCCEEDED

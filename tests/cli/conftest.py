@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,23 +18,11 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness.net import free_port, http
+from tests.harness.processes import REPO, WITH_DEFAULT_SIGINT
+from tests.harness.wait import wait_for
+
 START_DEADLINE = 90.0
-_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
-
-# Runs a command with SIGINT at its default, so that Ctrl-C (SIGINT) behaves as in a terminal
-# even when the test run inherited SIGINT ignored (background jobs of a non-interactive shell).
-WITH_DEFAULT_SIGINT = [
-    sys.executable,
-    "-c",
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -49,17 +33,7 @@ class Server:
 
     def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """The REST API directly, to compare graphenectl's output with it."""
-        headers = {"Accept": "application/json", "Authorization": f"Token {self.token}"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(f"{self.url}/api/v1/{path.lstrip('/')}", data, headers, method=method)  # noqa: S310
-        try:
-            with _opener.open(request, timeout=60) as response:
-                return response.status, json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
+        return http(method, f"{self.url}/api/v1/{path.lstrip('/')}", token=self.token, body=body, timeout=60)
 
     def get(self, path: str) -> Any:
         status, body = self.api("GET", path)
@@ -69,10 +43,10 @@ class Server:
 
 def _ready(url: str) -> bool:
     try:
-        with _opener.open(f"{url}/readyz", timeout=5) as response:
-            return bool(response.status == 200 and json.loads(response.read())["status"] == "ok")
+        status, body = http("GET", f"{url}/readyz", timeout=5)
     except (OSError, ValueError):
         return False
+    return status == 200 and body["status"] == "ok"
 
 
 @pytest.fixture(scope="session")
@@ -101,13 +75,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + START_DEADLINE
-        while not _ready(url):
+
+        def up() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"graphene up exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"graphene up was not ready after {START_DEADLINE}s (log {log})")
-            time.sleep(0.1)
+            return _ready(url)
+
+        wait_for(up, timeout=START_DEADLINE, interval=0.1, what=f"graphene up to be ready (log {log})")
         token = json.loads((data / "admin-credentials.json").read_text())["token"]
         yield Server(url=url, token=token, log=log)
     finally:

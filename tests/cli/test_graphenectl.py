@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cli.conftest import Ctl, Server, free_port
+from tests.cli.conftest import Ctl, Server
 from tests.conftest import interrupt, read_lines_until
+from tests.harness.net import free_port
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.xdist_group("graphene-up")]  # one embedded server: they share it
 
 MISSING = "00000000-0000-0000-0000-000000000000"
 

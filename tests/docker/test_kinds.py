@@ -26,7 +26,8 @@ from apps.secrets.services import secret_create
 from kinds import Drift, KindError, PermanentError, get_kind
 from kinds.docker._common import LABEL_KIND, LABEL_RECORD, LABEL_SCOPE, scope
 from tests.conftest import wait_for
-from tests.docker.conftest import counts, declare, labelled
+from tests.docker.conftest import declare
+from tests.harness.docker import counts, labelled
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from apps.records.choices import Phase
 from apps.records.models import Record
 from tests.conftest import Worker, wait_for
 from tests.docker import pipelines  # noqa: F401 - registers docker.web and docker.hang in this process
-from tests.docker.conftest import counts, labelled
+from tests.harness.docker import counts, labelled
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

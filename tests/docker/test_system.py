@@ -13,7 +13,7 @@ from apps.records import services
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
 from tests.conftest import Worker, running_beat, wait_for
-from tests.docker.conftest import counts, labelled
+from tests.harness.docker import counts, labelled
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.conftest import wait_for
+from tests.harness.net import free_port
+from tests.harness.wait import wait_for
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Upstream",
@@ -28,12 +29,6 @@ IDENTITY = {
     "GIT_COMMITTER_NAME": "Upstream",
     "GIT_COMMITTER_EMAIL": "upstream@example.invalid",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def git(*args: str, cwd: Path | None = None) -> str:

@@ -28,7 +28,7 @@ from apps.observability.tracing import run_span_id
 from apps.pipelines import services
 from apps.pipelines.models import Run
 from tests.conftest import REPO, Worker, process_env, wait_for
-from tests.observability.conftest import free_port
+from tests.harness.net import free_port
 
 
 class Receiver:

@@ -17,7 +17,9 @@ from apps.pipelines.models import Run
 from apps.records.choices import Phase
 from apps.records.models import Record
 from tests.conftest import Worker, wait_for
-from tests.observability.conftest import WebServer, graphenectl, http
+from tests.harness.net import fetch
+from tests.harness.web import WebServer
+from tests.observability.conftest import graphenectl
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -47,7 +49,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(web: WebServer, token: str) -> Samples:
-    status, raw = http(f"{web.url}/metrics", token=token, scheme="Bearer")
+    status, raw = fetch(f"{web.url}/metrics", token=token, scheme="Bearer")
     assert status == 200, raw
     return {
         (s.name, tuple(sorted(s.labels.items()))): float(s.value)
@@ -131,7 +133,7 @@ def test_a_run_leaves_a_trace_step_metrics_and_control_plane_metrics(
         assert points[0]["last"] >= 0.05
 
     # --- /metrics: workers' histograms reach the web process; gauges count what exists
-    assert http(f"{web.url}/metrics")[0] == 401
+    assert fetch(f"{web.url}/metrics")[0] == 401
 
     def metrics_arrived() -> Samples:
         samples = scrape(web, token)

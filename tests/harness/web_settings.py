@@ -1,4 +1,4 @@
-"""Settings for the web process the agent system tests start: the test settings, plus the Redis
+"""Settings for the web processes the system tests start: the test settings, plus the Redis
 channel layer, so that commands submitted by the test process reach the gateway's consumers
 (the test settings force the in-memory layer, which a second process cannot share)."""
 

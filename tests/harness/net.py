@@ -1,0 +1,52 @@
+"""Loopback networking for tests: free ports and a small JSON-over-HTTP client."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+# Tests talk to loopback only: no proxy from the environment may sit in between.
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fetch(url: str, *, token: str | None = None, scheme: str = "Token", timeout: float = 30) -> tuple[int, bytes]:
+    """GET ``url``; the status and the raw body (errors too: a 4xx is an answer, not an exception)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"{scheme} {token}"} if token else {})  # noqa: S310
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def http(method: str, url: str, *, token: str | None = None, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
+    """One JSON request; the status and the body (JSON decoded, ``None`` when empty, else bytes)."""
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Token {token}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310  # http:// only
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            return response.status, _decode(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, _decode(exc.read())
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        return None
+    return json.loads(raw) if raw.lstrip()[:1] in (b"{", b"[") else raw

@@ -1,0 +1,225 @@
+"""Real Celery processes: workers a test can SIGKILL, ``celery beat``, and the session's shared workers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+from django.conf import settings
+from django.db import connection
+
+from tests.harness.wait import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+# Runs a command with SIGINT at its default, so that Ctrl-C (SIGINT) behaves as in a terminal
+# even when the test run inherited SIGINT ignored (background jobs of a non-interactive shell).
+WITH_DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+]
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    """Environment for processes that share this test session's database, queue and data dir."""
+    db = connection.settings_dict
+    env = dict(os.environ)
+    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+    env.update(
+        DJANGO_SETTINGS_MODULE="graphene_project.settings.test",
+        GRAPHENE_DATABASE_URL=f"postgresql://{db['USER']}@{host}:{port}/{db['NAME']}",
+        PYTHONPATH=str(REPO),
+    )
+    env.update(extra)
+    return env
+
+
+def node_name(name: str) -> str:
+    """A Celery node name unique to this session: control commands (ping, inspect) are broadcast
+    on the broker, which concurrent sessions and pytest-xdist workers share."""
+    return f"{name}.{settings.CELERY_TASK_DEFAULT_QUEUE}@{socket.gethostname()}"
+
+
+class Worker:
+    """A real ``celery worker`` process (prefork) that tests can SIGKILL."""
+
+    def __init__(self, name: str, log_dir: Path, concurrency: int = 2, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.node = node_name(name)
+        self.log = log_dir / f"worker-{name}.log"
+        self.concurrency = concurrency
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Worker:
+        self.log.write_text("")
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "celery", "-A", "graphene_project", "worker",
+                    "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", self.node,
+                    "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat",
+                ],
+                cwd=REPO,
+                env=process_env(**self.env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        wait_for(self._ready, timeout=60, what=f"worker {self.name} to be ready (log {self.log})")
+        return self
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _ready(self) -> bool:
+        from graphene_project.celery import app
+
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"worker {self.name} exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+            )
+        return bool(app.control.ping(destination=[self.node], timeout=0.5))
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool children), as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@contextlib.contextmanager
+def running_beat(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``celery beat`` (TTL expiry, reconciler, drift ticks) for the block's duration."""
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "graphene_project", "beat", "-s", str(tmp_path / "beat"), "-l", "INFO"],
+        cwd=REPO,
+        env=process_env(),
+        stdout=(tmp_path / "beat.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield beat
+    finally:
+        beat.terminate()
+        beat.wait(timeout=20)
+
+
+def purge_queue() -> None:
+    """Drop every message waiting in this session's queue (the configured queues only)."""
+    from graphene_project.celery import app
+
+    app.control.purge()
+
+
+def queue_length() -> int:
+    """Messages waiting in this session's queue, priorities included (the broker is Redis)."""
+    from apps.observability.metrics import _queue_depths
+
+    depths = _queue_depths() or {}
+    return sum(depths.values())
+
+
+def busy(workers: list[Worker]) -> list[str]:
+    """Tasks the workers are running or hold to run next (not those with a later ETA)."""
+    from graphene_project.celery import app
+
+    inspect = app.control.inspect(destination=[w.node for w in workers], timeout=2.0)
+    tasks: list[str] = []
+    for answer in (inspect.active(), inspect.reserved()):
+        if answer is None or len(answer) < len(workers):
+            return ["(a worker did not answer)"]
+        tasks += [f"{task.get('name')}{task.get('args')}" for found in answer.values() for task in found]
+    return tasks
+
+
+class SharedWorkers:
+    """Worker processes started once per session, for tests that neither kill nor reconfigure them.
+
+    They load every pipeline module the suite's runs use and know the shared web server's URL,
+    so tests need not reconfigure them. ``quiesce`` runs after each test, before the database is
+    flushed: nothing of one test may still run (or write) in the next one.
+    """
+
+    PIPELINE_MODULES = ",".join(
+        [
+            "tests.pipelines.sample",
+            "tests.git.pipelines",
+            "tests.secrets.pipelines",
+            "tests.artifacts.pipelines",
+            "tests.docker.pipelines",
+            "tests.agents.call_pipelines",
+            "tests.agents.capability_pipelines",
+            "tests.agents.ssh_pipelines",
+        ]
+    )
+
+    # The pools started in this process (one per session): tests with workers of their own pause them.
+    started: ClassVar[list[SharedWorkers]] = []
+
+    def __init__(self, log_dir: Path, *, count: int = 2, env: dict[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.env = {"GRAPHENE_PIPELINE_MODULES": self.PIPELINE_MODULES, **(env or {})}
+        self.workers = [Worker(f"shared{i}", log_dir, 2, self.env) for i in range(count)]
+        self.paused = False
+        SharedWorkers.started.append(self)
+
+    def ensure(self) -> list[Worker]:
+        """The workers, (re)started if one is not running (a crash of one never spreads to other
+        tests), and consuming the queue."""
+        for worker in self.workers:
+            if not worker.is_alive():
+                worker.stop()
+                worker.start()
+        self._consume(True)
+        return self.workers
+
+    def pause(self) -> None:
+        """Stop taking tasks from the queue, for a test whose own workers must be the only ones
+        (it kills them, counts them, or runs them with other settings)."""
+        if any(w.is_alive() for w in self.workers):
+            self.quiesce()
+            self._consume(False)
+
+    def _consume(self, on: bool) -> None:
+        from graphene_project.celery import app
+
+        if self.paused != on:
+            return
+        queue = settings.CELERY_TASK_DEFAULT_QUEUE
+        nodes = [w.node for w in self.workers if w.is_alive()]
+        control = app.control.add_consumer if on else app.control.cancel_consumer
+        replies = control(queue, destination=nodes, reply=True, timeout=10)
+        assert len(replies or []) == len(nodes), f"{'add' if on else 'cancel'}_consumer({queue}): {replies}"
+        self.paused = not on
+
+    def quiesce(self, timeout: float = 60) -> None:
+        """Purge the queue and wait until the workers run nothing and nothing is queued."""
+
+        def quiet() -> bool:
+            purge_queue()
+            return not busy(self.workers) and queue_length() == 0
+
+        wait_for(quiet, timeout=timeout, interval=0.1, what=f"the shared workers to be idle: {busy(self.workers)}")
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
