@@ -191,6 +191,7 @@ def test_children_option_gives_records_to_the_new_owner(workers: list[Worker]) -
     assert given.get().data["to"] == str(group.pk)
 
 
+@pytest.mark.xdist_group("mypy")  # the tests that run mypy share its cache: one worker runs them
 def test_mypy_rejects_an_attached_handle_as_owner(tmp_path: Path) -> None:
     program = """
         from graphene_sdk import Context, pipeline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -60,11 +61,17 @@ def test_exported_names_are_pinned() -> None:
         assert issubclass(getattr(graphene_sdk, error), graphene_sdk.GrapheneError)
 
 
+# mypy's cache for the programs these tests check: kept across the tests and across sessions
+# (incremental: a changed SDK is checked again), one per pytest-xdist worker (they may run at once).
+MYPY_CACHE = REPO / ".mypy_cache" / f"sdk-users-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+
+
 def run_mypy(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    """``mypy --strict`` on ``body`` as a user's module, with the SDK on its path."""
     source = tmp_path / "client_use.py"
     source.write_text(textwrap.dedent(body))
     return subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(source)],
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(MYPY_CACHE), str(source)],
         cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "MYPYPATH": str(REPO / "sdk")},
         capture_output=True,
@@ -97,6 +104,7 @@ PROGRAM = """
 """
 
 
+@pytest.mark.xdist_group("mypy")  # the tests that run mypy share its cache: one worker runs them
 def test_mypy_accepts_the_right_inputs_and_rejects_a_wrong_type(tmp_path: Path) -> None:
     good = run_mypy(tmp_path, PROGRAM.replace("{ARG}", 'Inputs(branch="dev")'))
     assert good.returncode == 0, good.stdout + good.stderr
