@@ -35,7 +35,8 @@ PIPELINE_MODULES = "tests.pipelines.sample,tests.agents.call_pipelines"
 
 @pytest.fixture
 def setup(web: WebServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Workers copy os.environ: the server the agents dial, and the pipelines of this module."""
+    """The test's own workers copy os.environ: the server the agents dial, and the pipelines of
+    this module (the shared workers know both)."""
     monkeypatch.setenv("GRAPHENE_AGENT_SERVER_URL", web.url)
     monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", PIPELINE_MODULES)
 
@@ -86,12 +87,11 @@ def commands_of(run: Run) -> dict[str, int]:
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
 def test_a_run_puts_reads_and_runs_functions_on_the_machine(
-    setup: None,
-    start_worker: Callable[..., Worker],
+    web: WebServer,
+    workers: list[Worker],
     machine: Callable[[Path], subprocess.Popen[bytes]],
     tmp_path: Path,
 ) -> None:
-    start_worker()
     env_path, folder = tmp_path / "agent.env", tmp_path / "machine"
     run = services.run_start(pipeline_name="agents.calls", inputs={"env_path": str(env_path), "folder": str(folder)})
     agent = machine(env_path)
@@ -200,12 +200,11 @@ def test_a_run_puts_reads_and_runs_functions_on_the_machine(
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
 def test_a_function_raising_on_the_machine_fails_the_run_with_remote_error(
-    setup: None,
-    start_worker: Callable[..., Worker],
+    web: WebServer,
+    workers: list[Worker],
     machine: Callable[[Path], subprocess.Popen[bytes]],
     tmp_path: Path,
 ) -> None:
-    start_worker()
     env_path = tmp_path / "agent.env"
     run = services.run_start(pipeline_name="agents.calls_fail", inputs={"env_path": str(env_path)})
     machine(env_path)

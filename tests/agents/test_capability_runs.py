@@ -23,13 +23,10 @@ from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
-PIPELINE_MODULES = "tests.pipelines.sample,tests.agents.capability_pipelines"
-
 
 @pytest.fixture
-def worker(web: WebServer, start_worker: Callable[..., Worker], monkeypatch: pytest.MonkeyPatch) -> Worker:
-    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", PIPELINE_MODULES)
-    return start_worker()
+def worker(web: WebServer, workers: list[Worker]) -> Worker:
+    return workers[0]
 
 
 def finished(run: Run, timeout: float = 90) -> Run:

@@ -34,8 +34,8 @@ upstream = git_fixtures.upstream
 
 
 @pytest.fixture
-def worker(start_worker: Callable[..., Worker]) -> Worker:
-    return start_worker()
+def worker(workers: list[Worker]) -> Worker:
+    return workers[0]
 
 
 def declare(agent: Record, path: Path | str, name: str = "src", **spec: Any) -> Record:

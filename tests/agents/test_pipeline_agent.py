@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,11 +22,8 @@ from tests.harness.web import WebServer
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
 
-def test_a_pipeline_runs_commands_on_an_agent(
-    web: WebServer, start_worker: Callable[..., Worker], monkeypatch: Any, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("GRAPHENE_AGENT_SERVER_URL", web.url)  # what install_env() writes, for the workers
-    start_worker()
+def test_a_pipeline_runs_commands_on_an_agent(web: WebServer, workers: list[Worker], tmp_path: Path) -> None:
+    # The shared workers know the web server's URL (what install_env() writes).
     env_path = tmp_path / "agent.env"
     run = services.run_start(pipeline_name="sample.agent", inputs={"env_path": str(env_path)})
     wait_for(env_path.exists, timeout=60, what="the run to hand over the agent's install config")

@@ -194,12 +194,10 @@ def wait_run(run: Run, timeout: float = 180) -> Run:
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
 def test_a_run_installs_an_agent_over_ssh_that_connects_and_runs_commands(
-    web: WebServer, sshd: SSHServer, start_worker: Callable[..., Worker], monkeypatch: Any, tmp_path: Path
+    web: WebServer, sshd: SSHServer, workers: list[Worker], tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("GRAPHENE_AGENT_SERVER_URL", web.url)  # what the installed agent dials
-    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", PIPELINE_MODULES)
+    # The shared workers know the web server's URL (what the installed agent dials).
     secret_set(name=KEY_SECRET, value=sshd.user_key.private_openssh)
-    start_worker()
     connections = sshd.connections()
 
     run = wait_run(start_run(sshd))
@@ -236,7 +234,7 @@ def test_a_run_installs_an_agent_over_ssh_that_connects_and_runs_commands(
     # the secret store's own row), not in any process's log, not on the machine.
     for fragment in key_fragments(sshd.user_key.private_openssh):
         assert tables_containing(fragment) == [], fragment
-        assert files_containing(fragment, tmp_path, sshd.home) == [], fragment
+        assert files_containing(fragment, tmp_path, sshd.home, web.log, *(w.log for w in workers)) == [], fragment
 
     # The agent dies with its record: the run ended, the record was deleted, the agent was
     # told so and exited for good (nothing restarts it).

@@ -19,7 +19,7 @@ import io
 import shutil
 import tarfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from apps.secrets.services import secret_set
 from tests.agents import ssh_pipelines  # noqa: F401 - registers agents.ssh in this process
 from tests.agents.conftest import wait_phase
 from tests.agents.sshd import SSHServer
-from tests.agents.test_ssh_install import KEY_SECRET, PIPELINE_MODULES, start_run, target, wait_run
+from tests.agents.test_ssh_install import KEY_SECRET, start_run, target, wait_run
 from tests.conftest import Worker, wait_for
 from tests.harness import docker as harness_docker
 from tests.harness.web import WebServer
@@ -210,15 +210,12 @@ def test_systemd_supervises_the_agent_a_rerun_converges_and_deletion_stops_it(
     web: WebServer,
     machine: SystemdMachine,
     stand: Record,
-    start_worker: Callable[..., Worker],
-    monkeypatch: pytest.MonkeyPatch,
+    workers: list[Worker],
 ) -> None:
-    monkeypatch.setenv("GRAPHENE_AGENT_SERVER_URL", web.url)  # what the installed agents dial
-    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", PIPELINE_MODULES)
+    # The shared workers know the web server's URL (what the installed agents dial).
     sshd = machine.sshd
     units = machine.etc / "systemd" / "system"  # the machine's /etc/systemd/system
     secret_set(name=KEY_SECRET, value=sshd.user_key.private_openssh)
-    start_worker()
 
     # A run's ctx.agent_via_ssh: the agent runs as a unit, connects, runs the run's commands
     # (with the login's $HOME, as a background agent would), and stops for good with the run.

@@ -3,9 +3,7 @@ and copies it into a file; replays store nothing twice and the journal holds ref
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -29,11 +27,7 @@ def finished(run: Run) -> Run:
     return run
 
 
-def test_a_run_publishes_an_artifact_and_a_later_run_uses_it(
-    start_worker: Callable[..., Worker], monkeypatch: Any, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", "tests.pipelines.sample,tests.artifacts.pipelines")
-    start_worker()
+def test_a_run_publishes_an_artifact_and_a_later_run_uses_it(workers: list[Worker], tmp_path: Path) -> None:
     text = f"build output {timezone.now().isoformat()}\n"
 
     published = finished(services.run_start(pipeline_name="artifacts.publish", inputs={"text": text}))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
@@ -21,14 +20,7 @@ from tests.harness.docker import counts, labelled
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
-PIPELINE_MODULES = "tests.pipelines.sample,tests.docker.pipelines"
 NOTHING = {"containers": 0, "networks": 0, "volumes": 0, "images": 0}
-
-
-@pytest.fixture
-def docker_workers(start_worker: Callable[..., Worker], monkeypatch: Any) -> list[Worker]:
-    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", PIPELINE_MODULES)
-    return [start_worker(), start_worker()]
 
 
 def finished(run: Run, timeout: float = 180) -> Run:
@@ -59,7 +51,7 @@ def all_deleted(run: Run) -> bool:
 
 
 def test_a_pipeline_builds_an_environment_with_the_docker_library_and_cleans_it_up(
-    docker_workers: list[Worker], rootfs_tar: Path, docker_client: docker.DockerClient
+    workers: list[Worker], rootfs_tar: Path, docker_client: docker.DockerClient
 ) -> None:
     run = services.run_start(pipeline_name="docker.web", inputs={"rootfs_tar": str(rootfs_tar)})
     run = finished(run)
@@ -77,7 +69,7 @@ def test_a_pipeline_builds_an_environment_with_the_docker_library_and_cleans_it_
 
 
 def test_cancelling_a_run_waiting_for_a_container_leaves_nothing_behind(
-    docker_workers: list[Worker], image: str, docker_client: docker.DockerClient
+    workers: list[Worker], image: str, docker_client: docker.DockerClient
 ) -> None:
     run = services.run_start(pipeline_name="docker.hang", inputs={"image": image})
 

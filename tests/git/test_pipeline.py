@@ -27,11 +27,9 @@ from tests.git.servers import GitHTTP, Upstream
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
 def test_a_run_checks_out_reads_commits_tags_and_cleans_up(
-    start_worker: Callable[..., Worker], monkeypatch: Any, http_git: GitHTTP, upstream: Upstream
+    workers: list[Worker], http_git: GitHTTP, upstream: Upstream
 ) -> None:
-    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", "tests.pipelines.sample,tests.git.pipelines")
     secret_create(name="git-token", value=HTTP_TOKEN)
-    worker = start_worker()
     http_git.leaks.clear()
 
     run = services.run_start(
@@ -67,7 +65,7 @@ def test_a_run_checks_out_reads_commits_tags_and_cleans_up(
     # The token went nowhere: no process's command line, no table, no worker log.
     assert http_git.leaks == []
     assert tables_containing(HTTP_TOKEN) == []
-    assert files_containing(HTTP_TOKEN, worker.log) == []
+    assert files_containing(HTTP_TOKEN, *(worker.log for worker in workers)) == []
 
 
 def test_the_library_declares_names_and_journals_in_the_testing_world(upstream: Upstream) -> None:

@@ -182,8 +182,7 @@ def test_api_apply_takes_drift_options(api: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_file_changed_behind_our_back_is_healed_by_beat_and_a_worker(start_worker: Any, tmp_path: Path) -> None:
-    worker: Worker = start_worker()
+def test_a_file_changed_behind_our_back_is_healed_by_beat_and_a_worker(workers: list[Worker], tmp_path: Path) -> None:
     owner = factories.stand()
     record = services.record_declare(
         kind="file",
@@ -199,7 +198,7 @@ def test_a_file_changed_behind_our_back_is_healed_by_beat_and_a_worker(start_wor
         healed = wait_for(
             lambda: Record.objects.filter(pk=record.pk, heals=1, phase=Phase.READY).first(),
             timeout=40,
-            what=f"the heal of {record} by {worker.name}",
+            what=f"the heal of {record} by a worker",
         )
     assert path.read_text() == "mode=prod\n"
     assert healed is not None

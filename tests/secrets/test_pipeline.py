@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
 from apps.pipelines import services
@@ -21,10 +18,8 @@ pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 VALUE = "s3cr3t-value-that-must-not-travel"
 
 
-def test_a_secret_in_a_spec_is_stored_as_its_name(start_worker: Callable[..., Worker], monkeypatch: Any) -> None:
-    monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", "tests.pipelines.sample,tests.secrets.pipelines")
+def test_a_secret_in_a_spec_is_stored_as_its_name(workers: list[Worker]) -> None:
     secret_create(name="db-password", value=VALUE)
-    start_worker()
 
     run = services.run_start(pipeline_name="secrets.spec", inputs={"secret": "db-password"})
     wait_for(lambda: Run.objects.get(pk=run.pk).status in TERMINAL, timeout=120, what="the run to end")
