@@ -28,6 +28,9 @@ LINT_PROD_ENV := DJANGO_SETTINGS_MODULE=graphene_project.settings.prod \
 	GRAPHENE_DATA_DIR=$(CURDIR)/.graphene-lint
 
 PYTEST_ARGS ?=
+# pytest-xdist processes for `make test`, each a session of its own (queue, database, data dir,
+# shared workers and web server); 0 runs the tests in this one process.
+TEST_PROCESSES ?= 3
 
 .PHONY: help setup demo up test lint fmt typecheck migrate-check deploy-check lock vendor-xterm clean
 
@@ -64,7 +67,7 @@ up: setup  ## serve Graphene embedded on http://127.0.0.1:8000 until Ctrl-C (dat
 	$(VENV)/bin/graphene up
 
 test: setup  ## the whole test suite, the crash test included (needs PostgreSQL on :5432, Redis on :6379)
-	$(PY) -m pytest -m "chaos or not chaos" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "chaos or not chaos" -n $(TEST_PROCESSES) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup  ## formatting, lint rules, types, Django's deploy checks, missing migrations
 	$(VENV)/bin/ruff format --check .

@@ -15,6 +15,16 @@ os.environ.setdefault("GRAPHENE_SECRET_KEY", "test-only-not-secret")
 # and a private data directory. Worker processes started by the tests inherit both.
 os.environ.setdefault("GRAPHENE_QUEUE", f"graphene-test-{uuid.uuid4().hex[:8]}")
 os.environ.setdefault("GRAPHENE_DATA_DIR", tempfile.mkdtemp(prefix="graphene-test-"))
+# Under pytest-xdist every xdist worker is a session of its own: it inherits the controller's
+# values and makes them its own (queue, data directory, and so the test database's name and
+# Docker scope), once; the processes its tests start inherit the result unchanged.
+_XDIST = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _XDIST and os.environ.get("GRAPHENE_TEST_XDIST_WORKER") != _XDIST:
+    os.environ["GRAPHENE_TEST_XDIST_WORKER"] = _XDIST
+    os.environ["GRAPHENE_QUEUE"] = f"{os.environ['GRAPHENE_QUEUE']}{_XDIST}"
+    _own = os.path.join(os.environ["GRAPHENE_DATA_DIR"], _XDIST)
+    os.makedirs(_own, exist_ok=True)
+    os.environ["GRAPHENE_DATA_DIR"] = _own
 # Short leases so that crash tests see the reconciler pick up lost work within seconds.
 os.environ.setdefault("GRAPHENE_OPERATION_LEASE_SECONDS", "3")
 os.environ.setdefault("GRAPHENE_RUN_LEASE_SECONDS", "4")

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli.conftest import Ctl, Server
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.xdist_group("graphene-up")]  # the CLI tests' embedded server
 
 
 def test_put_list_and_get(ctl: Ctl, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

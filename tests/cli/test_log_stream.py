@@ -12,7 +12,11 @@ import time
 import urllib.parse
 from typing import Any
 
+import pytest
+
 from tests.cli.conftest import Server
+
+pytestmark = pytest.mark.xdist_group("graphene-up")  # the CLI tests' embedded server
 
 DEADLINE = 30.0
 
