@@ -63,27 +63,43 @@ class Driver:
         with self._lock:
             return sorted(self._pending)
 
-    def _next_due(self) -> Sent | None:
+    def _next_due(self, only: str | None) -> Sent | None:
         with self._lock:
-            if self._pending and self._pending[0].eta <= time.monotonic():
-                return heapq.heappop(self._pending)
+            now = time.monotonic()
+            for sent in sorted(self._pending):
+                if sent.eta > now:
+                    return None
+                if only is None or sent.name == only:
+                    self._pending.remove(sent)
+                    heapq.heapify(self._pending)
+                    return sent
             return None
 
-    def run_until(self, condition: Callable[[], Any] | None = None, *, timeout: float = 30.0, what: str = "") -> Any:
+    def run_until(
+        self,
+        condition: Callable[[], Any] | None = None,
+        *,
+        timeout: float = 30.0,
+        what: str = "",
+        only: str | None = None,
+    ) -> Any:
         """Run due tasks until ``condition`` holds (its value is returned) or, without one, until
-        no task is left at all; fail at the deadline, naming what was still pending."""
+        no task is left at all; fail at the deadline, naming what was still pending.
+
+        ``only`` (a task name) runs just those tasks and leaves the others pending: an
+        interleaving the test chooses, e.g. a run that goes before the record it waits on."""
         deadline = time.monotonic() + timeout
         while True:
             if condition is not None:
                 value = condition()
                 if value:
                     return value
-            sent = self._next_due()
+            sent = self._next_due(only)
             if sent is not None:
                 self.executed.append(sent.name)
                 sent.task.apply(args=sent.args, kwargs=sent.kwargs, throw=True)
                 continue
-            pending = self.pending
+            pending = [s for s in self.pending if only is None or s.name == only]
             if condition is None and not pending:
                 return True
             if time.monotonic() > deadline:

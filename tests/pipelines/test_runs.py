@@ -1,4 +1,10 @@
-"""Durable runs against real worker processes: replay, suspend, cancel, crash, divergence."""
+"""Durable runs: replay, suspend, cancel, crash, divergence.
+
+Promises about processes (parallel convergence, a released worker, a killed worker, a cancel
+while a step runs) are tested on real worker processes; the engine's semantics (divergence,
+durable timers, retries, replay of a refused declaration, what the journal refuses) with the
+in-process driver (``drive``), which runs the same tasks in the test's process.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from kinds.testing import objects_of
 from tests.conftest import Worker, wait_for
+from tests.harness.driver import Driver
 from tests.pipelines.sample import effect_count, effects_file
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -29,10 +36,18 @@ def status(run: Run) -> str:
     return Run.objects.get(pk=run.pk).status
 
 
+def ended(run: Run) -> bool:
+    return status(run) in {"succeeded", "failed", "cancelled", "timed_out"}
+
+
 def finished(run: Run, timeout: float = 60) -> Run:
-    wait_for(
-        lambda: status(run) in {"succeeded", "failed", "cancelled", "timed_out"}, timeout=timeout, what=f"{run} to end"
-    )
+    wait_for(lambda: ended(run), timeout=timeout, what=f"{run} to end")
+    return Run.objects.get(pk=run.pk)
+
+
+def driven(drive: Driver, run: Run, timeout: float = 60) -> Run:
+    """``finished``, with the run's tasks executed in this process by the driver."""
+    drive.run_until(lambda: ended(run), timeout=timeout, what=f"{run} to end")
     return Run.objects.get(pk=run.pk)
 
 
@@ -84,8 +99,8 @@ def test_waiting_releases_the_worker(start_worker: Callable[..., Worker]) -> Non
         assert (Run.objects.get(pk=run.pk).outputs or {})["ok"] is True
 
 
-def test_resource_failure_reaches_the_pipeline(workers: list[Worker]) -> None:
-    run = finished(start("sample.wait", failures=1))
+def test_resource_failure_reaches_the_pipeline(drive: Driver) -> None:
+    run = driven(drive, start("sample.wait", failures=1))
     assert run.status == RunStatus.SUCCEEDED
     outputs = run.outputs or {}
     assert outputs["ok"] is False
@@ -155,12 +170,12 @@ def _step_running(run: Run) -> bool:
     return status(run) == RunStatus.RUNNING and JournalEntry.objects.filter(run=run, call__startswith="ready").exists()
 
 
-def test_divergence_fails_naming_the_call(workers: list[Worker]) -> None:
+def test_divergence_fails_naming_the_call(drive: Driver) -> None:
     run = start("sample.diverge")
-    wait_for(lambda: status(run) == RunStatus.SUSPENDED, what="the run to sleep")
+    drive.run_until(lambda: status(run) == RunStatus.SUSPENDED, what="the run to sleep")
     effects_file(str(run.pk), "flag").write_text("changed")
     services.run_resume(run=Run.objects.get(pk=run.pk))
-    run = finished(run)
+    run = driven(drive, run)
     assert run.status == RunStatus.FAILED
     assert "call #2" in run.error
     assert "'step renamed'" in run.error
@@ -168,24 +183,24 @@ def test_divergence_fails_naming_the_call(workers: list[Worker]) -> None:
     assert effect_count(str(run.pk), "renamed") == 0
 
 
-def test_durable_sleep_suspends_and_wakes(workers: list[Worker]) -> None:
+def test_durable_sleep_suspends_and_wakes(drive: Driver) -> None:
     run = start("sample.sleep")
-    wait_for(lambda: status(run) == RunStatus.SUSPENDED, what="the run to sleep")
+    drive.run_until(lambda: status(run) == RunStatus.SUSPENDED, what="the run to sleep")
     assert Run.objects.get(pk=run.pk).wake_at is not None
-    run = finished(run, timeout=30)
+    run = driven(drive, run, timeout=30)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert effect_count(str(run.pk), "before") == 1, "replay did not run the first step again"
     assert effect_count(str(run.pk), "after") == 1
 
 
-def test_step_retries_then_failure_cleans_up(workers: list[Worker]) -> None:
-    recovered = finished(start("sample.fail", retries=2, fail_times=2))
+def test_step_retries_then_failure_cleans_up(drive: Driver) -> None:
+    recovered = driven(drive, start("sample.fail", retries=2, fail_times=2))
     assert recovered.status == RunStatus.SUCCEEDED, recovered.error
-    failed = finished(start("sample.fail", retries=1, fail_times=5))
+    failed = driven(drive, start("sample.fail", retries=1, fail_times=5))
     assert failed.status == RunStatus.FAILED
     assert "boom" in failed.error
     assert effect_count(str(failed.pk), "flaky") == 2
-    wait_for(lambda: all_deleted(failed), timeout=30, what="the failed run's records to be deleted")
+    drive.run_until(lambda: all_deleted(failed), timeout=30, what="the failed run's records to be deleted")
 
 
 def test_api_start_get_cancel_resume(workers: list[Worker], api: APIClient) -> None:
@@ -216,8 +231,8 @@ def test_api_start_get_cancel_resume(workers: list[Worker], api: APIClient) -> N
     assert pipelines["sample.tree"]["input_schema"]["properties"]["branches"]["maximum"] == 10
 
 
-def test_a_refused_declaration_is_journaled_and_replays(workers: list[Worker]) -> None:
-    run = finished(start("sample.badspec"), timeout=30)
+def test_a_refused_declaration_is_journaled_and_replays(drive: Driver) -> None:
+    run = driven(drive, start("sample.badspec"), timeout=30)
     assert run.status == RunStatus.SUCCEEDED, run.error
     entries = list(JournalEntry.objects.filter(run=run).order_by("seq").values_list("seq", "call", "status"))
     assert entries == [
@@ -230,9 +245,9 @@ def test_a_refused_declaration_is_journaled_and_replays(workers: list[Worker]) -
     assert run.attempt == 2
 
 
-def test_drift_options_of_a_declaration_reach_its_record(workers: list[Worker]) -> None:
+def test_drift_options_of_a_declaration_reach_its_record(drive: Driver) -> None:
     path = f"drift/{uuid.uuid4()}.conf"
-    run = finished(services.run_start(pipeline_name="sample.drift", inputs={"path": path}))
+    run = driven(drive, services.run_start(pipeline_name="sample.drift", inputs={"path": path}))
     assert run.status == RunStatus.SUCCEEDED, run.error
     record = Record.objects.get(created_by_run_id=run.record_id, kind="file")
     assert (record.drift_policy, record.observe_every) == ("report", 5)
@@ -240,9 +255,9 @@ def test_drift_options_of_a_declaration_reach_its_record(workers: list[Worker]) 
     assert declared.call == "declare file/config", "options do not change the call's identity"
 
 
-def test_a_nul_character_fails_the_run_with_the_reason_instead_of_wedging_it(workers: list[Worker]) -> None:
+def test_a_nul_character_fails_the_run_with_the_reason_instead_of_wedging_it(drive: Driver) -> None:
     for where, said in (("output", "the value at text contains a NUL"), ("step", "the value contains a NUL")):
-        run = finished(start("sample.nul", where=where, retries=3))
+        run = driven(drive, start("sample.nul", where=where, retries=3))
         assert run.status == RunStatus.FAILED, where
         assert said in run.error, run.error
         assert "\x00" not in run.error

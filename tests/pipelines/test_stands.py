@@ -1,4 +1,8 @@
-"""Stands and handoff, ownership in code, concurrency policies and child runs (issue 5)."""
+"""Stands and handoff, ownership in code, concurrency policies and child runs (issue 5).
+
+Ownership and handoff are engine semantics, driven in-process (``drive``); the concurrency
+policies and child runs are about runs executing at the same time, on real worker processes.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +18,15 @@ from apps.core.errors import Conflict
 from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Run
+from apps.pipelines.tasks import run_execute_task
 from apps.records import services as records
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from kinds.testing import objects_of
 from tests.conftest import Worker, wait_for
+from tests.harness.driver import Driver
 from tests.pipelines.sample import effects_file
-from tests.pipelines.test_runs import finished, start
+from tests.pipelines.test_runs import driven, finished, start
 from tests.sdk.test_contract import run_mypy
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -35,11 +41,11 @@ def by_name(run: Run, name: str) -> Record:
     return Record.objects.get(created_by_run_id=run.record_id, name=name)
 
 
-def test_handoff_survives_the_run_and_its_ttl_deletes_it_children_first(workers: list[Worker], api: APIClient) -> None:
-    run = finished(start("sample.handoff", keep_seconds=3600))
+def test_handoff_survives_the_run_and_its_ttl_deletes_it_children_first(drive: Driver, api: APIClient) -> None:
+    run = driven(drive, start("sample.handoff", keep_seconds=3600))
     assert run.status == RunStatus.SUCCEEDED, run.error
     stand = services.stand_get("sample.handoff")
-    wait_for(lambda: by_name(run, "net").phase == Phase.DELETED, what="the rest of the run's tree to be deleted")
+    drive.run_until(lambda: by_name(run, "net").phase == Phase.DELETED, what="the rest of the run's tree to be deleted")
     assert by_name(run, "app").phase == Phase.DELETED
     assert names_under(stand) == {"db", "data"}
     db, data = by_name(run, "db"), by_name(run, "data")
@@ -65,7 +71,7 @@ def test_handoff_survives_the_run_and_its_ttl_deletes_it_children_first(workers:
 
     # The TTL runs out (the beat's body, at a moment past the deadline): children first.
     records.records_expire(now=timezone.now() + timedelta(hours=2))
-    wait_for(lambda: Record.objects.get(pk=db.pk).phase == Phase.DELETED, what="the held subtree to expire")
+    drive.run_until(lambda: Record.objects.get(pk=db.pk).phase == Phase.DELETED, what="the held subtree to expire")
     deleted_at = {r.name: r.deleted_at for r in Record.objects.filter(pk__in=[db.pk, data.pk])}
     assert deleted_at["data"] is not None
     assert deleted_at["db"] is not None
@@ -74,8 +80,8 @@ def test_handoff_survives_the_run_and_its_ttl_deletes_it_children_first(workers:
     assert objects_of(str(data.pk)) == []
 
 
-def test_release_keeps_a_holding_without_expiry(workers: list[Worker], api: APIClient) -> None:
-    run = finished(start("sample.handoff", keep_seconds=60))
+def test_release_keeps_a_holding_without_expiry(drive: Driver, api: APIClient) -> None:
+    run = driven(drive, start("sample.handoff", keep_seconds=60))
     db = by_name(run, "db")
     released = api.post("/api/v1/stands/sample.handoff/release/", {"record": str(db.pk)}, format="json")
     assert released.status_code == 200
@@ -83,8 +89,8 @@ def test_release_keeps_a_holding_without_expiry(workers: list[Worker], api: APIC
     assert records.records_expire(now=timezone.now() + timedelta(days=30)) == 0
 
 
-def test_a_failed_run_keeps_its_environment_on_the_stand(workers: list[Worker]) -> None:
-    run = finished(start("sample.keep"))
+def test_a_failed_run_keeps_its_environment_on_the_stand(drive: Driver) -> None:
+    run = driven(drive, start("sample.keep"))
     assert run.status == RunStatus.FAILED
     assert "the smoke test failed" in run.error
     assert "kept 1 record(s) on the stand" in run.error
@@ -95,7 +101,7 @@ def test_a_failed_run_keeps_its_environment_on_the_stand(workers: list[Worker]) 
     assert env.expires_at is not None
     assert timedelta(minutes=59) < env.expires_at - timezone.now() <= timedelta(hours=1)
     root = Record.objects.get(kind="graphene.run", name=f"sample.keep#{run.number}")
-    wait_for(lambda: Record.objects.get(pk=root.pk).phase == Phase.DELETED, what="the emptied run root to go")
+    drive.run_until(lambda: Record.objects.get(pk=root.pk).phase == Phase.DELETED, what="the emptied run root to go")
 
 
 def test_queue_runs_one_at_a_time_in_order_and_bounds_the_line(workers: list[Worker], api: APIClient) -> None:
@@ -167,19 +173,24 @@ def test_cancelling_the_parent_cancels_and_cleans_every_child(workers: list[Work
     assert all(objects_of(str(r.pk)) == [] for r in scratch)
 
 
-def test_attach_waits_read_only_on_another_runs_record(workers: list[Worker]) -> None:
+def test_attach_waits_read_only_on_another_runs_record(drive: Driver) -> None:
     stand = records.record_create_root(kind="graphene.stand", name="shared")
     slow = records.record_declare(kind="test.sleep", name="shared-db", owner=stand, spec={"create_ms": 1500})
     run = start("sample.attach", record_id=str(slow.pk))
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.SUSPENDED, what="waiting on the attached record")
-    run = finished(run)
+    # The run goes before the record's create (sent first): it finds the record not ready and waits.
+    drive.run_until(
+        lambda: Run.objects.get(pk=run.pk).status == RunStatus.SUSPENDED,
+        what="waiting on the attached record",
+        only=run_execute_task.name,
+    )
+    run = driven(drive, run)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert Record.objects.get(pk=slow.pk).phase == Phase.READY, "attached records are not the run's to delete"
     assert Record.objects.get(pk=slow.pk).parent_id == stand.pk
 
 
-def test_children_option_gives_records_to_the_new_owner(workers: list[Worker]) -> None:
-    run = finished(start("sample.adopt"))
+def test_children_option_gives_records_to_the_new_owner(drive: Driver) -> None:
+    run = driven(drive, start("sample.adopt"))
     assert run.status == RunStatus.SUCCEEDED, run.error
     group = by_name(run, "group")
     assert names_under(group) == {"first", "second"}

@@ -17,7 +17,8 @@ from apps.pipelines.models import Run
 from apps.records.choices import Phase
 from apps.records.models import Record
 from graphene_project.routing import websocket_urlpatterns
-from tests.conftest import WithUser, Worker, wait_for
+from tests.conftest import WithUser, wait_for
+from tests.harness.driver import Driver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,15 +51,14 @@ def test_watch_stream_requires_authentication() -> None:
     assert async_to_sync(connect)() == (False, 4401)
 
 
-@pytest.mark.system
-def test_a_run_past_its_deadline_times_out_and_cleans_up(workers: list[Worker]) -> None:
+def test_a_run_past_its_deadline_times_out_and_cleans_up(drive: Driver) -> None:
     run = services.run_start(pipeline_name="sample.deadline", inputs={})
     assert run.deadline_at is not None
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.SUSPENDED, what="the run to sleep")
+    drive.run_until(lambda: Run.objects.get(pk=run.pk).status == RunStatus.SUSPENDED, what="the run to sleep")
     wait_for(lambda: timezone.now() > run.deadline_at, timeout=10, what="the deadline")  # type: ignore[operator]
     assert services.runs_recover()["timed_out"] == 1
     run = Run.objects.get(pk=run.pk)
     assert run.status == RunStatus.TIMED_OUT
     assert "deadline" in run.error
     held = Record.objects.get(created_by_run_id=run.record_id, name="held")
-    wait_for(lambda: Record.objects.get(pk=held.pk).phase == Phase.DELETED, what="the held record to be deleted")
+    drive.run_until(lambda: Record.objects.get(pk=held.pk).phase == Phase.DELETED, what="the held record to go")
