@@ -29,6 +29,22 @@ from tests.harness.web import CHANNEL_LAYER_URL, WebServer
 __all__ = ["REPO", "Worker", "process_env", "purge_queue", "running_beat", "wait_for"]
 
 
+def _commits(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("django_db")
+    transaction = marker is not None and bool(marker.kwargs.get("transaction") or marker.args[:1] == (True,))
+    return transaction or "transactional_db" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The crash test is the longest: it goes first of the tests that commit (pytest-django keeps
+    those after the ones that roll back), so that under xdist it starts early, next to the
+    others, instead of running alone at the end."""
+    longest = [item for item in items if item.get_closest_marker("chaos")]
+    rest = [item for item in items if not item.get_closest_marker("chaos")]
+    at = next((n for n, item in enumerate(rest) if _commits(item)), len(rest))
+    items[:] = rest[:at] + longest + rest[at:]
+
+
 @pytest.fixture
 def eager() -> Iterator[None]:
     """Celery tasks run in this process when sent (on-commit callbacks decide when)."""
@@ -97,15 +113,7 @@ def interrupt(proc: subprocess.Popen[str]) -> int:
 
 
 @pytest.fixture
-def own_workers_only(transactional_db: None) -> None:
-    """The session's shared workers (if this process started any) take no task during the test:
-    the workers the test starts itself are the only ones."""
-    for pool in SharedWorkers.started:
-        pool.pause()
-
-
-@pytest.fixture
-def start_worker(own_workers_only: None, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+def start_worker(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start the test's own worker processes against its (committed) database: for tests that
     kill workers, need a given number of them, or start them with other settings."""
     started: list[Worker] = []
@@ -147,9 +155,9 @@ def shared_workers(
 def workers(transactional_db: None, shared_workers: SharedWorkers) -> Iterator[list[Worker]]:
     """Two worker processes with two pool processes each, like a small installation: the
     session's shared ones, idle and with an empty queue when the test starts and again before
-    its data is flushed."""
+    its data is flushed. They take tasks only during the tests that ask for them."""
     purge_queue()
-    yield shared_workers.ensure()
+    yield shared_workers.consume()
     shared_workers.quiesce()
 
 

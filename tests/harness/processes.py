@@ -10,7 +10,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 from django.conf import settings
 from django.db import connection
@@ -151,12 +150,24 @@ def busy(workers: list[Worker]) -> list[str]:
     return tasks
 
 
+def revoke_scheduled(workers: list[Worker]) -> None:
+    """Revoke the tasks the workers hold for a later ETA (a durable timer, a retry): when they
+    come due, in another test, their rows are gone and nothing of theirs may run."""
+    from graphene_project.celery import app
+
+    answer = app.control.inspect(destination=[w.node for w in workers], timeout=2.0).scheduled() or {}
+    ids = [entry["request"]["id"] for found in answer.values() for entry in found]
+    if ids:
+        app.control.revoke(ids, destination=[w.node for w in workers])
+
+
 class SharedWorkers:
     """Worker processes started once per session, for tests that neither kill nor reconfigure them.
 
     They load every pipeline module the suite's runs use and know the shared web server's URL,
-    so tests need not reconfigure them. ``quiesce`` runs after each test, before the database is
-    flushed: nothing of one test may still run (or write) in the next one.
+    so tests need not reconfigure them. They take tasks from the queue only during a test that
+    asked for them (``consume``); ``quiesce`` runs after it, before the database is flushed:
+    nothing of one test may still run (or write) in the next one.
     """
 
     PIPELINE_MODULES = ",".join(
@@ -172,53 +183,40 @@ class SharedWorkers:
         ]
     )
 
-    # The pools started in this process (one per session): tests with workers of their own pause them.
-    started: ClassVar[list[SharedWorkers]] = []
-
     def __init__(self, log_dir: Path, *, count: int = 2, env: dict[str, str] | None = None) -> None:
         self.log_dir = log_dir
         self.env = {"GRAPHENE_PIPELINE_MODULES": self.PIPELINE_MODULES, **(env or {})}
         self.workers = [Worker(f"shared{i}", log_dir, 2, self.env) for i in range(count)]
-        self.paused = False
-        SharedWorkers.started.append(self)
 
-    def ensure(self) -> list[Worker]:
+    def consume(self) -> list[Worker]:
         """The workers, (re)started if one is not running (a crash of one never spreads to other
-        tests), and consuming the queue."""
+        tests), taking tasks from the queue."""
         for worker in self.workers:
             if not worker.is_alive():
                 worker.stop()
                 worker.start()
-        self._consume(True)
+        self._consumer("add_consumer")
         return self.workers
 
-    def pause(self) -> None:
-        """Stop taking tasks from the queue, for a test whose own workers must be the only ones
-        (it kills them, counts them, or runs them with other settings)."""
-        if any(w.is_alive() for w in self.workers):
-            self.quiesce()
-            self._consume(False)
-
-    def _consume(self, on: bool) -> None:
-        from graphene_project.celery import app
-
-        if self.paused != on:
-            return
-        queue = settings.CELERY_TASK_DEFAULT_QUEUE
-        nodes = [w.node for w in self.workers if w.is_alive()]
-        control = app.control.add_consumer if on else app.control.cancel_consumer
-        replies = control(queue, destination=nodes, reply=True, timeout=10)
-        assert len(replies or []) == len(nodes), f"{'add' if on else 'cancel'}_consumer({queue}): {replies}"
-        self.paused = not on
-
     def quiesce(self, timeout: float = 60) -> None:
-        """Purge the queue and wait until the workers run nothing and nothing is queued."""
+        """Stop taking tasks, drop what is queued and what waits for a later ETA, and wait until
+        the workers run nothing and nothing is queued."""
+        self._consumer("cancel_consumer")
 
         def quiet() -> bool:
             purge_queue()
+            revoke_scheduled(self.workers)
             return not busy(self.workers) and queue_length() == 0
 
         wait_for(quiet, timeout=timeout, interval=0.1, what=f"the shared workers to be idle: {busy(self.workers)}")
+
+    def _consumer(self, command: str) -> None:
+        from graphene_project.celery import app
+
+        queue = settings.CELERY_TASK_DEFAULT_QUEUE
+        nodes = [w.node for w in self.workers if w.is_alive()]
+        replies = getattr(app.control, command)(queue, destination=nodes, reply=True, timeout=10)
+        assert len(replies or []) == len(nodes), f"{command}({queue}) answered by {replies}, not {nodes}"
 
     def stop(self) -> None:
         for worker in self.workers:

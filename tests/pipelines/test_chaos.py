@@ -210,7 +210,7 @@ def chaos_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def fleet(chaos_env: None, own_workers_only: None, tmp_path: Path) -> Iterator[Fleet]:
+def fleet(chaos_env: None, transactional_db: None, tmp_path: Path) -> Iterator[Fleet]:
     purge_queue()
     fleet = Fleet(tmp_path)
     yield fleet
