@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -21,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.harness.net import free_port
-from tests.harness.wait import wait_for
+from tests.harness.processes import Service
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Upstream",
@@ -95,48 +94,38 @@ def make_upstream(base: Path, name: str) -> Upstream:
     return upstream
 
 
-class GitDaemon:
+class GitDaemon(Service):
     """``git daemon`` serving every repository under ``base`` on 127.0.0.1, push enabled."""
 
     def __init__(self, base: Path, log: Path) -> None:
+        super().__init__(log)
         self.base = base
-        self.log = log
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.what = f"git daemon on port {self.port}"
 
     def url(self, upstream: Upstream) -> str:
         return f"git://127.0.0.1:{self.port}/{upstream.bare.name}"
 
     def start(self) -> GitDaemon:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    "git", "daemon", "--export-all", "--reuseaddr", "--informative-errors",
-                    f"--base-path={self.base}", f"--port={self.port}", "--listen=127.0.0.1",
-                    "--enable=receive-pack", str(self.base),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        wait_for(self._accepts, timeout=30, what=f"git daemon on port {self.port} (log {self.log})")
+        self.spawn(
+            [
+                "git", "daemon", "--export-all", "--reuseaddr", "--informative-errors",
+                f"--base-path={self.base}", f"--port={self.port}", "--listen=127.0.0.1",
+                "--enable=receive-pack", str(self.base),
+            ],
+            timeout=30,
+        )  # fmt: skip
         return self
 
-    def _accepts(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"git daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+    def ready(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=2):
                 return True
         except OSError:
             return False
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the daemon and its per-connection children
-            self.proc.wait(timeout=30)
+    def stop(self, timeout: float = 30) -> None:
+        super().stop(timeout)  # the daemon and its per-connection children
 
 
 def command_lines_containing(needle: str) -> list[str]:

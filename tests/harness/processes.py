@@ -46,63 +46,83 @@ def node_name(name: str) -> str:
     return f"{name}.{settings.CELERY_TASK_DEFAULT_QUEUE}@{socket.gethostname()}"
 
 
-class Worker:
-    """A real ``celery worker`` process (prefork) that tests can SIGKILL."""
+class Service:
+    """A process the tests start: in its own process group (a kill takes its children too), its
+    output in ``log``, started once ``ready()`` says so; an exit while starting fails at once."""
 
-    def __init__(self, name: str, log_dir: Path, concurrency: int = 2, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.node = node_name(name)
-        self.log = log_dir / f"worker-{name}.log"
-        self.concurrency = concurrency
-        self.env = env or {}
+    what = "the process"
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Worker:
-        self.log.write_text("")
+    def spawn(
+        self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 60
+    ) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "celery", "-A", "graphene_project", "worker",
-                    "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", self.node,
-                    "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
-                    "--without-gossip", "--without-mingle", "--without-heartbeat",
-                ],
-                cwd=REPO,
-                env=process_env(**self.env),
-                stdout=out,
-                stderr=subprocess.STDOUT,
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-        wait_for(self._ready, timeout=60, what=f"worker {self.name} to be ready (log {self.log})")
-        return self
+        wait_for(self._started, timeout=timeout, what=f"{self.what} to be ready (log {self.log})")
+
+    def _started(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"{self.what} exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+        return self.ready()
+
+    def ready(self) -> bool:
+        raise NotImplementedError
 
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _ready(self) -> bool:
-        from graphene_project.celery import app
-
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"worker {self.name} exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
-            )
-        return bool(app.control.ping(destination=[self.node], timeout=0.5))
-
     def kill(self) -> None:
-        """SIGKILL the whole worker (main process and pool children), as a crash would."""
+        """SIGKILL the whole process group, as a crash would: no clean-up of any kind."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM the process group; SIGKILL what has not exited by the deadline."""
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(timeout=20)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+class Worker(Service):
+    """A real ``celery worker`` process (prefork) that tests can SIGKILL."""
+
+    def __init__(self, name: str, log_dir: Path, concurrency: int = 2, env: dict[str, str] | None = None) -> None:
+        super().__init__(log_dir / f"worker-{name}.log")
+        self.name = name
+        self.what = f"worker {name}"
+        self.node = node_name(name)
+        self.concurrency = concurrency
+        self.env = env or {}
+
+    def start(self) -> Worker:
+        self.log.write_text("")
+        self.spawn(
+            [
+                sys.executable, "-m", "celery", "-A", "graphene_project", "worker",
+                "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", self.node,
+                "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+            ],
+            env=process_env(**self.env),
+        )  # fmt: skip
+        return self
+
+    def ready(self) -> bool:
+        from graphene_project.celery import app
+
+        return bool(app.control.ping(destination=[self.node], timeout=0.5))
 
 
 @contextlib.contextmanager

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from tests.harness.net import fetch, free_port
-from tests.harness.processes import REPO, process_env
+from tests.harness.processes import Service, process_env
 from tests.harness.wait import wait_for
 
 # The channel layer the web process and the test process share (agents' command hints).
 CHANNEL_LAYER_URL = os.environ.get("GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL", "redis://127.0.0.1:6379/13")
 
 
-class WebServer:
+class WebServer(Service):
     """daphne serving the project against the session's test database, with the Redis channel layer.
 
     The port is chosen once: a restart (``kill`` then ``start``) serves on the same address, so
@@ -28,35 +26,31 @@ class WebServer:
 
     def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
+        super().__init__(log_dir / f"web-{self.port}.log")
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log_dir / f"web-{self.port}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.what = f"daphne on port {self.port}"
 
     def start(self) -> WebServer:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "graphene_project.asgi:application"],
-                cwd=REPO,
-                env=process_env(
-                    DJANGO_SETTINGS_MODULE="tests.harness.web_settings",
-                    GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL=CHANNEL_LAYER_URL,
-                    GRAPHENE_AGENT_SERVER_URL=self.url,
-                ),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        wait_for(self._ready, timeout=60, what=f"daphne on port {self.port} (log {self.log})")
+        self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "graphene_project.asgi:application",
+            ],
+            env=process_env(
+                DJANGO_SETTINGS_MODULE="tests.harness.web_settings",
+                GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL=CHANNEL_LAYER_URL,
+                GRAPHENE_AGENT_SERVER_URL=self.url,
+            ),
+        )
         return self
 
-    def is_alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"daphne exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+    def ready(self) -> bool:
         try:
             status, _ = fetch(f"{self.url}/healthz")
         except OSError:
@@ -69,19 +63,8 @@ class WebServer:
         status, raw = fetch(f"{self.url}/api/v1/{path}" + (f"?{query}" if query else ""), token=token)
         return status, json.loads(raw)
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash would: no close frames, no disconnect handlers."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=20)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    def stop(self, timeout: float = 15) -> None:
+        super().stop(timeout)
 
     def quiesce(self, timeout: float = 30) -> None:
         """Wait until the server has handled the disconnect of every agent (its last writes)."""
