@@ -15,6 +15,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from tests.harness.driver import Driver
+from tests.harness.embedded import Ctl, Server
 from tests.harness.processes import (
     REPO,
     SharedWorkers,
@@ -188,6 +189,22 @@ def web(
         shared.start()
     yield shared
     shared.quiesce()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One ``graphene up`` (embedded mode) for the session's CLI tests (xdist group graphene-up)."""
+    embedded = Server(tmp_path_factory.mktemp("graphene-cli")).start()
+    yield embedded
+    embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def ctl(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Ctl:
+    """graphenectl logged in to the session's server (a context saved by ``login``)."""
+    ctl = Ctl(tmp_path_factory.mktemp("graphenectl-config"))
+    ctl.ok("login", "--server", server.url, "--token-stdin", "--name", "test", stdin=server.token + "\n")
+    return ctl
 
 
 @pytest.fixture

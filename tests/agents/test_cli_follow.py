@@ -12,9 +12,10 @@ from typing import Any
 from apps.agents.models import AgentCommand
 from apps.records.choices import Phase
 from tests.agents.conftest import wait_command, wait_phase
-from tests.cli.conftest import WITH_DEFAULT_SIGINT, graphenectl_argv
 from tests.conftest import interrupt, read_lines_until
+from tests.harness.embedded import graphenectl_argv
 from tests.harness.net import http
+from tests.harness.processes import WITH_DEFAULT_SIGINT
 from tests.harness.web import WebServer
 
 

@@ -28,9 +28,9 @@ from websockets.typing import Origin
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from tests.agents.conftest import wait_phase
-from tests.cli.conftest import graphenectl_argv
 from tests.conftest import wait_for
 from tests.harness.agents import AgentProcess
+from tests.harness.embedded import graphenectl_argv
 from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import Ctl, Server
+from tests.harness.embedded import Ctl, Server
 
 pytestmark = [pytest.mark.system, pytest.mark.xdist_group("graphene-up")]  # the CLI tests' embedded server
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cli.conftest import Ctl, Server
 from tests.conftest import interrupt, read_lines_until
+from tests.harness.embedded import Ctl, Server
 from tests.harness.net import free_port
 
 pytestmark = [pytest.mark.system, pytest.mark.xdist_group("graphene-up")]  # one embedded server: they share it

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.conftest import Server
+from tests.harness.embedded import Server
 
 pytestmark = pytest.mark.xdist_group("graphene-up")  # the CLI tests' embedded server
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.cli.conftest import Result, graphenectl_argv
+from tests.harness.embedded import Result, graphenectl_argv
 from tests.harness.processes import Worker
 from tests.harness.web import WebServer
 
