@@ -145,21 +145,38 @@ def shared_web(
 @pytest.fixture(scope="session")
 def shared_workers(
     shared_web: WebServer, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SharedWorkers]:
-    """Two worker processes for the session's tests that neither kill nor reconfigure them."""
-    pool = SharedWorkers(tmp_path_factory.mktemp("shared-workers"), env={"GRAPHENE_AGENT_SERVER_URL": shared_web.url})
+) -> Iterator[Callable[[dict[str, str]], SharedWorkers]]:
+    """The session's shared worker pools, one per set of settings they run with: two worker
+    processes each, for the tests that neither kill nor reconfigure them."""
+    pools: dict[tuple[tuple[str, str], ...], SharedWorkers] = {}
+
+    def pool(env: dict[str, str]) -> SharedWorkers:
+        key = tuple(sorted(env.items()))
+        if key not in pools:
+            log_dir = tmp_path_factory.mktemp("shared-workers")
+            pools[key] = SharedWorkers(log_dir, env={"GRAPHENE_AGENT_SERVER_URL": shared_web.url, **env})
+        return pools[key]
+
     yield pool
-    pool.stop()
+    for each in pools.values():
+        each.kill()
 
 
 @pytest.fixture
-def workers(transactional_db: None, shared_workers: SharedWorkers) -> Iterator[list[Worker]]:
+def workers(
+    request: pytest.FixtureRequest, transactional_db: None, shared_workers: Callable[[dict[str, str]], SharedWorkers]
+) -> Iterator[list[Worker]]:
     """Two worker processes with two pool processes each, like a small installation: the
     session's shared ones, idle and with an empty queue when the test starts and again before
-    its data is flushed. They take tasks only during the tests that ask for them."""
+    its data is flushed. They take tasks only during the tests that ask for them.
+
+    ``@pytest.mark.worker_env(NAME="value", ...)`` picks the pool that runs with those settings
+    too (started by the first test that asks for it, shared by the others)."""
+    marker = request.node.get_closest_marker("worker_env")
+    pool = shared_workers(dict(marker.kwargs) if marker else {})
     purge_queue()
-    yield shared_workers.consume()
-    shared_workers.quiesce()
+    yield pool.consume()
+    pool.quiesce()
 
 
 @pytest.fixture

@@ -31,7 +31,19 @@ from tests.harness.agents import AgentProcess
 from tests.harness.docker import busybox_image, busybox_rootfs_tar, counts
 from tests.harness.web import CHANNEL_LAYER_URL
 
-pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+# The workers have no engine of their own (whatever works went through the agent), and they
+# tell the web process about their commands through Redis, as a production worker does (the
+# test settings' in-memory layer would leave them to the agent's next poll).
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.worker_env(
+        GRAPHENE_DOCKER_HOST="unix:///nonexistent/graphene-test-docker.sock",
+        DJANGO_SETTINGS_MODULE="tests.harness.web_settings",
+        GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL=CHANNEL_LAYER_URL,
+        GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS="30",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,19 +58,8 @@ def image(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture
-def worker(start_worker: Callable[..., Worker]) -> Worker:
-    """A worker of this test's own, reconfigured: it has no Docker engine of its own (whatever
-    works went through the agent), and it tells the web process about its commands through
-    Redis, as a production worker does (the test settings' in-memory layer would leave them
-    to the agent's next poll)."""
-    return start_worker(
-        env={
-            "GRAPHENE_DOCKER_HOST": "unix:///nonexistent/graphene-test-docker.sock",
-            "DJANGO_SETTINGS_MODULE": "tests.harness.web_settings",
-            "GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL": CHANNEL_LAYER_URL,
-            "GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS": "30",
-        }
-    )
+def worker(workers: list[Worker]) -> Worker:
+    return workers[0]
 
 
 @pytest.fixture(autouse=True)

@@ -18,15 +18,18 @@ from tests.agents.conftest import wait_phase
 from tests.conftest import Worker, wait_for
 from tests.harness.agents import AgentProcess
 
-pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
-
 DEADLINE_SECONDS = 4
+# Workers that give a lost machine's deletions up after DEADLINE_SECONDS (shared by this module).
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.worker_env(GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS=str(DEADLINE_SECONDS)),
+]
 
 
 @pytest.fixture
-def worker(start_worker: Callable[..., Worker], monkeypatch: Any) -> Worker:
-    monkeypatch.setenv("GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS", str(DEADLINE_SECONDS))
-    return start_worker()
+def worker(workers: list[Worker]) -> Worker:
+    return workers[0]
 
 
 def declare_file(agent: Record, path: Path, content: str, mode: int = 0o640) -> Record:

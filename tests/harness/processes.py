@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -203,10 +204,13 @@ class SharedWorkers:
         ]
     )
 
+    _pools = itertools.count()
+
     def __init__(self, log_dir: Path, *, count: int = 2, env: dict[str, str] | None = None) -> None:
         self.log_dir = log_dir
         self.env = {"GRAPHENE_PIPELINE_MODULES": self.PIPELINE_MODULES, **(env or {})}
-        self.workers = [Worker(f"shared{i}", log_dir, 2, self.env) for i in range(count)]
+        pool = next(SharedWorkers._pools)  # node names are unique within the session
+        self.workers = [Worker(f"shared{pool}w{i}", log_dir, 2, self.env) for i in range(count)]
 
     def consume(self) -> list[Worker]:
         """The workers, (re)started if one is not running (a crash of one never spreads to other
@@ -238,6 +242,7 @@ class SharedWorkers:
         replies = getattr(app.control, command)(queue, destination=nodes, reply=True, timeout=10)
         assert len(replies or []) == len(nodes), f"{command}({queue}) answered by {replies}, not {nodes}"
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """At the session's end: nothing they hold matters any more (the database goes next)."""
         for worker in self.workers:
-            worker.stop()
+            worker.kill()
