@@ -12,7 +12,6 @@ import pytest
 
 from apps.records import services
 from apps.records.models import Record
-from graphene_project.celery import app as celery_app
 from kinds.git.checkout import root
 from tests import factories
 from tests.git.servers import GitDaemon, GitHTTP, Upstream, make_upstream
@@ -55,17 +54,6 @@ def _remove_leftover_checkouts() -> Iterator[None]:
     yield
     for path in (set(root().iterdir()) if root().is_dir() else set()) - before:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def eager() -> Iterator[None]:
-    """Celery tasks run in this process (convergence, deletion), as the records tests do."""
-    celery_app.conf.task_always_eager = True
-    celery_app.conf.task_eager_propagates = True
-    try:
-        yield
-    finally:
-        celery_app.conf.task_always_eager = False
 
 
 def declare(capture: Any, name: str, **spec: Any) -> Record:
