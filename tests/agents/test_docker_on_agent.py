@@ -37,6 +37,7 @@ from tests.harness.web import CHANNEL_LAYER_URL
 pytestmark = [
     pytest.mark.system,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("docker-on-agent"),  # one xdist process starts their workers
     pytest.mark.worker_env(
         GRAPHENE_DOCKER_HOST="unix:///nonexistent/graphene-test-docker.sock",
         DJANGO_SETTINGS_MODULE="tests.harness.web_settings",

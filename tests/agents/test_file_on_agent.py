@@ -23,6 +23,7 @@ DEADLINE_SECONDS = 4
 pytestmark = [
     pytest.mark.system,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("file-on-agent"),  # one xdist process starts their workers
     pytest.mark.worker_env(GRAPHENE_AGENT_LOST_DELETE_DEADLINE_SECONDS=str(DEADLINE_SECONDS)),
 ]
 
