@@ -30,9 +30,10 @@ os.environ.setdefault("GRAPHENE_OPERATION_LEASE_SECONDS", "3")
 os.environ.setdefault("GRAPHENE_RUN_LEASE_SECONDS", "4")
 os.environ.setdefault("GRAPHENE_PIPELINE_MODULES", "tests.pipelines.sample")
 
-from graphene_project.settings.base import *  # noqa: F403
-from graphene_project.settings.base import DATA_DIR
-from graphene_project.settings.env import env
+# After the environment above (E402): base.py reads it on import.
+from graphene_project.settings.base import *  # noqa: E402, F403
+from graphene_project.settings.base import DATA_DIR  # noqa: E402
+from graphene_project.settings.env import env  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
