@@ -36,14 +36,21 @@ def _commits(item: pytest.Item) -> bool:
     return transaction or "transactional_db" in getattr(item, "fixturenames", ())
 
 
+def _group(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker and marker.args else ""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The crash test is the longest: it goes first of the tests that commit (pytest-django keeps
-    those after the ones that roll back), so that under xdist it starts early, next to the
-    others, instead of running alone at the end."""
-    longest = [item for item in items if item.get_closest_marker("chaos")]
-    rest = [item for item in items if not item.get_closest_marker("chaos")]
+    """What holds one xdist process longest starts first, so that under xdist it runs beside the
+    rest instead of alone at the end: the CLI tests' embedded server (no database: they may go
+    anywhere) at the very front; the crash test, then the modules that share a pool, first of the
+    tests that commit (pytest-django keeps those after the ones that roll back)."""
+    front = [item for item in items if _group(item) == "graphene-up"]
+    rest = [item for item in items if _group(item) != "graphene-up"]
     at = next((n for n, item in enumerate(rest) if _commits(item)), len(rest))
-    items[:] = rest[:at] + longest + rest[at:]
+    committing = sorted(rest[at:], key=lambda item: 0 if item.get_closest_marker("chaos") else 1 if _group(item) else 2)
+    items[:] = front + rest[:at] + committing
 
 
 @pytest.fixture
@@ -213,7 +220,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One ``graphene up`` (embedded mode) for the session's CLI tests (xdist group graphene-up)."""
     embedded = Server(tmp_path_factory.mktemp("graphene-cli")).start()
     yield embedded
-    embedded.stop()
+    embedded.kill()  # its data goes with the session: no need to wait for a clean shutdown
 
 
 @pytest.fixture(scope="session")
