@@ -41,7 +41,25 @@ def _group(item: pytest.Item) -> str:
     return str(marker.args[0]) if marker and marker.args else ""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` for pytest 9: pytest-xdist 3.8 marks a grouped test by appending
+    ``@<group>`` to the item's ``_nodeid``, which pytest 9 no longer reads (the id lives in
+    ``_id``), so every test would be a group of its own. This appends it where pytest reads it,
+    as xdist does, and does nothing once xdist's own suffix shows."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        )
+        suffix = f"@{'_'.join(names)}"
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)  # private, as xdist's own: see the docstring
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """What holds one xdist process longest starts first, so that under xdist it runs beside the
     rest instead of alone at the end: the CLI tests' embedded server (no database: they may go
     anywhere) at the very front; the crash test, then the modules that share a pool, first of the
@@ -51,6 +69,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     at = next((n for n, item in enumerate(rest) if _commits(item)), len(rest))
     committing = sorted(rest[at:], key=lambda item: 0 if item.get_closest_marker("chaos") else 1 if _group(item) else 2)
     items[:] = front + rest[:at] + committing
+    _xdist_groups(config, items)
 
 
 @pytest.fixture
