@@ -12,6 +12,7 @@ Three layers, chosen per test by what it promises (CONTRIBUTING.md, "Tests"):
   the test itself for every crash, reconnect, lease and parallelism promise.
 
 Modules: ``net`` (free ports, HTTP), ``wait`` (conditions with deadlines), ``processes``
-(Celery workers and beat), ``web`` (daphne), ``agents`` (agent processes), ``docker`` (the
-busybox image, counting labelled objects), ``driver`` (the in-process driver).
+(the ``Service`` base, Celery workers and beat, the shared pools), ``web`` (daphne), ``embedded``
+(``graphene up`` and graphenectl), ``agents`` (agent processes), ``docker`` (the busybox image,
+counting labelled objects), ``driver`` (the in-process driver).
 """
