@@ -90,9 +90,11 @@ class Record(MPTTModel, TimeStampedModel):
         ]
         constraints = [
             # One live record per (owner, kind, name): a re-declaration adopts the existing one.
+            # A record whose deletion was requested gives its name up (a stand holding replaced
+            # by a newer one is still being deleted while the newer one holds the name).
             models.UniqueConstraint(
                 fields=["parent", "kind", "name"],
-                condition=~Q(phase=Phase.DELETED) & Q(parent__isnull=False),
+                condition=~Q(phase=Phase.DELETED) & Q(parent__isnull=False) & Q(deletion_requested_at__isnull=True),
                 name="record_unique_live_child",
             ),
             models.UniqueConstraint(

@@ -190,15 +190,19 @@ class Context:
         kind, name = self._runtime.attach(str(record_id))
         return Attached(self._runtime, str(record_id), kind, name)
 
-    def to_stand(self, handle: Resource, *, keep_for: timedelta | None = None) -> None:
+    def to_stand(self, handle: Resource, *, keep_for: timedelta | None = None, replace: bool = False) -> None:
         """Give ``handle`` and its subtree to the pipeline's stand, where it outlives this run.
 
         ``keep_for`` sets its TTL on the stand (extend or release it later); without it the
-        subtree stays until someone deletes it.
+        subtree stays until someone deletes it. The stand holds one live record of a kind and
+        name: if an earlier run left one there, this raises ``ResourceFailed`` saying so,
+        unless ``replace=True``, which hands this one over and deletes that one (children
+        first) once this one is accepted.
         """
         if not isinstance(handle, Resource):
             raise TypeError("to_stand takes a Resource declared by this run")
-        self._runtime.to_stand(handle.id, f"{handle.kind}/{handle.name}", _seconds(keep_for, "keep_for"))
+        label = f"{handle.kind}/{handle.name}"
+        self._runtime.to_stand(handle.id, label, _seconds(keep_for, "keep_for"), replace)
 
     def publish_artifact(
         self,

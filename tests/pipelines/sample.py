@@ -191,6 +191,7 @@ def deadline(ctx: Context, inputs: Empty) -> None:
 
 class HandoffInputs(BaseModel):
     keep_seconds: float | None = 3600
+    replace: bool = False
 
 
 @pipeline("sample.handoff", inputs=HandoffInputs)
@@ -201,7 +202,8 @@ def handoff(ctx: Context, inputs: HandoffInputs) -> None:
     ctx.declare("test.sleep", "data", parent=db)
     ctx.declare("test.sleep", "app", parent=net)
     db.ready()
-    ctx.to_stand(db, keep_for=timedelta(seconds=inputs.keep_seconds) if inputs.keep_seconds else None)
+    keep_for = timedelta(seconds=inputs.keep_seconds) if inputs.keep_seconds else None
+    ctx.to_stand(db, keep_for=keep_for, replace=inputs.replace)
 
 
 @pipeline("sample.keep", inputs=Empty, keep_on_failure=timedelta(hours=1))

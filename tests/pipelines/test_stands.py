@@ -80,6 +80,38 @@ def test_handoff_survives_the_run_and_its_ttl_deletes_it_children_first(drive: D
     assert objects_of(str(data.pk)) == []
 
 
+def test_a_second_run_replaces_the_holding_or_is_told_how(drive: Driver) -> None:
+    first = driven(drive, start("sample.handoff"))
+    assert first.status == RunStatus.SUCCEEDED, first.error
+    old_db, old_data = by_name(first, "db"), by_name(first, "data")
+
+    # Without replace: the stand keeps what it has, and the error says what to do.
+    clash = driven(drive, start("sample.handoff"))
+    assert clash.status == RunStatus.FAILED
+    assert f"the stand 'sample.handoff' already holds a test.sleep/db ({old_db.pk}" in clash.error
+    assert "replace=True" in clash.error
+    assert f"graphenectl delete {old_db.pk}" in clash.error
+    assert Record.objects.get(pk=old_db.pk).phase == Phase.READY
+
+    # With it: the new db (with its child) takes the name; the old one is deleted, children first.
+    second = driven(drive, start("sample.handoff", replace=True))
+    assert second.status == RunStatus.SUCCEEDED, second.error
+    stand = services.stand_get("sample.handoff")
+    new_db = by_name(second, "db")
+    assert Record.objects.get(pk=new_db.pk).parent_id == stand.pk
+    drive.run_until(
+        lambda: Record.objects.get(pk=old_db.pk).phase == Phase.DELETED, what="the replaced holding to be deleted"
+    )
+    old = {r.name: r for r in Record.objects.filter(pk__in=[old_db.pk, old_data.pk])}
+    assert old["data"].deleted_at is not None
+    assert old["data"].deleted_at <= old["db"].deleted_at  # type: ignore[operator]
+    requested = Event.objects.get(record=old_db, type=EventType.DELETION_REQUESTED)
+    assert requested.reason == "Replaced"
+    assert str(new_db.pk) in requested.message
+    assert names_under(stand) == {"db", "data"}
+    assert [r.pk for r in Record.objects.filter(parent=stand, name="db").exclude(phase=Phase.DELETED)] == [new_db.pk]
+
+
 def test_release_keeps_a_holding_without_expiry(drive: Driver, api: APIClient) -> None:
     run = driven(drive, start("sample.handoff", keep_seconds=60))
     db = by_name(run, "db")

@@ -526,7 +526,8 @@ def test_the_stand_holds_one_live_record_per_kind_and_name() -> None:
     assert world.run(kit_misuse, Misuse(case="stand-clash")).succeeded
     again = world.run(kit_misuse, Misuse(case="stand-clash"))
     assert isinstance(again.error, ResourceFailed)
-    assert "already holds a live docker.network/net" in str(again.error)
+    assert "the stand 'kit-misuse' already holds a docker.network/net" in str(again.error)
+    assert "replace=True" in str(again.error)  # the error says what to do
 
 
 def test_a_redeclared_record_can_be_given_children() -> None:

@@ -114,7 +114,7 @@ class RecordCalls(ExecutionState):
         self.journal.write(self.journal.seq, call, EntryStatus.COMPLETED, {"kind": record.kind, "name": record.name})
         return record.kind, record.name
 
-    def to_stand(self, record_id: str, label: str, keep_for: float | None) -> None:
+    def to_stand(self, record_id: str, label: str, keep_for: float | None, replace: bool = False) -> None:
         call = f"to_stand {label}"
         entry = self.journal.next(call)
         if entry is not None:
@@ -131,7 +131,12 @@ class RecordCalls(ExecutionState):
                 records.record_set_expiry(record=record, expires_at=until, reason="KeptOnStand")
             else:
                 record = self.owned(record_id, run)
-                records.record_transfer(record=record, new_owner=stand, given_by=record.parent, expires_at=until)
+                try:
+                    records.record_transfer(
+                        record=record, new_owner=stand, given_by=record.parent, expires_at=until, replace=replace
+                    )
+                except records.NameTaken as taken:
+                    raise ResourceFailed(_stand_taken(label, stand, taken.holder)) from None
             return {"record_id": record_id, "stand": str(stand.pk), "expires_at": until.isoformat() if until else None}
 
         self.journal.act(
@@ -142,3 +147,13 @@ class RecordCalls(ExecutionState):
             refused=f"cannot hand {label} to the stand",
             record_id=record_id,
         )
+
+
+def _stand_taken(label: str, stand: Record, holder: Record) -> str:
+    """Why a handle cannot go to the stand, and the ways out."""
+    since = f", kept since {holder.updated_at:%Y-%m-%d %H:%M} UTC" if holder.updated_at else ""
+    return (
+        f"the stand {stand.name!r} already holds a {label} ({holder.pk}{since}); "
+        f"replace it with ctx.to_stand(handle, replace=True), give this one another name, "
+        f"or delete that one first (graphenectl delete {holder.pk})"
+    )

@@ -61,6 +61,7 @@ from apps.records.services.housekeeping import (
     records_sweep,
 )
 from apps.records.services.ownership import (
+    NameTaken,
     record_extend,
     record_release,
     record_set_expiry,
@@ -83,6 +84,7 @@ __all__ = [
     "SWEEPER_NAME",
     "Actor",
     "IllegalTransition",
+    "NameTaken",
     "backoff_seconds",
     "drift_options_validate",
     "kind_resolve",

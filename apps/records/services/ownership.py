@@ -75,18 +75,30 @@ def records_expire(*, now: datetime | None = None, limit: int = 500) -> int:
     return len(due)
 
 
+class NameTaken(Conflict):
+    """The new owner already owns a live record of that kind and name (``holder``)."""
+
+    def __init__(self, detail: str, *, holder: Record) -> None:
+        super().__init__(detail)
+        self.holder = holder
+
+
 def record_transfer(
     *,
     record: Record,
     new_owner: Record,
     given_by: Record | None = None,
     expires_at: datetime | None = None,
+    replace: bool = False,
     actor: Actor = None,
 ) -> Record:
     """Give ``record`` and its subtree to ``new_owner`` atomically.
 
     Ownership is given, never taken: when ``given_by`` is passed (a run handing over what it
     owns) it must be the current owner. Refuses roots, cycles and owners being deleted.
+    ``new_owner`` may not own a live record of the same kind and name already (``NameTaken``)
+    unless ``replace``: then that one's deletion is requested (children first) in the same
+    transaction, and ``record`` takes its place.
     """
     if record.is_root:
         raise ValidationFailed(
@@ -127,12 +139,19 @@ def record_transfer(
             )
         if new_owner.pk == old_owner_id:
             return record
-        if (
-            Record.objects.filter(parent=new_owner, kind=record.kind, name=record.name)
+        taken = (
+            Record.objects.filter(parent=new_owner, kind=record.kind, name=record.name, deletion_requested_at=None)
             .exclude(phase=Phase.DELETED)
-            .exists()
-        ):
-            raise Conflict(f"{new_owner} already owns a live {record.kind} named {record.name!r}")
+            .first()
+        )
+        if taken is not None and not replace:
+            raise NameTaken(
+                f"{new_owner} already owns a live {record.kind} named {record.name!r} ({taken.pk})", holder=taken
+            )
+        if taken is not None:
+            record_delete_request(
+                record=taken, actor=actor, reason="Replaced", message=f"replaced by {record} ({record.pk})"
+            )
         size = record.get_descendant_count() + 1
         Record.objects.move_node(record, new_owner, position="last-child")
         now = timezone.now()

@@ -76,7 +76,7 @@ class WorldRuntime:
         record = self._record(record_id, "a record", "attach")
         return record.kind, record.name
 
-    def to_stand(self, record_id: str, label: str, keep_for: float | None) -> None:
+    def to_stand(self, record_id: str, label: str, keep_for: float | None, replace: bool = False) -> None:
         self._check()
         world = self._world
         record = self._record(record_id, label, "hand over")
@@ -94,10 +94,16 @@ class WorldRuntime:
                 f"cannot hand {label} to the stand: it is not owned by this run: {world._chain(record)}",
                 record_id=record_id,
             )
-        if world._clash(stand, record.kind, record.name) is not None:
+        held = world._clash(stand, record.kind, record.name)
+        if held is not None and not replace:
             raise ResourceFailed(
-                f"cannot hand {label} to the stand: {stand} already holds a live {label}", record_id=record_id
+                f"cannot hand {label} to the stand: the stand {self._pipeline.name!r} already holds a {label} "
+                f"({held.id}); replace it with ctx.to_stand(handle, replace=True), give this one another name, "
+                f"or delete that one first",
+                record_id=record_id,
             )
+        if held is not None:
+            world._delete(held, "Replaced")
         world._move(record, stand, expires_at=expires_at)
 
     def ready(self, record_id: str, label: str) -> tuple[dict[str, Any] | None, ResourceFailed | None]:
