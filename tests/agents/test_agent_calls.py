@@ -213,9 +213,7 @@ def test_a_function_raising_on_the_machine_fails_the_run_with_remote_error(
 
     assert run.status == RunStatus.FAILED
     first, _, rest = run.error.partition("\n")
-    assert first == (
-        "graphene_sdk._errors.RemoteError: refuse() on agent/box raised PermissionError: no entry: /srv/secret"
-    )
+    assert first == "RemoteError: refuse() on agent/box raised PermissionError: no entry: /srv/secret"
     assert "On the machine:" in rest
     assert rest.rstrip().endswith("PermissionError: no entry: /srv/secret")
     assert 'File "<agent.run refuse>", line 3, in refuse' in rest

@@ -69,9 +69,11 @@ def _output(definition: Definition[Any, Any], value: Any) -> Any:
 
 
 def _failure_text(error: BaseException) -> str:
-    text = "".join(traceback.format_exception_only(type(error), error)).strip()
+    """A failed run's error: the SDK's own errors by their class name (``StepFailed: ...``,
+    what a user reads in ``except StepFailed``), any other with its whole traceback."""
     if not isinstance(error, _EXPLAINED):
         return "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    text = f"{type(error).__name__}: {error}"
     if isinstance(error, RemoteError) and error.remote_traceback:
         return f"{text}\n\nOn the machine:\n{error.remote_traceback}"  # the traceback that matters
     return text
