@@ -32,7 +32,7 @@ PYTEST_ARGS ?=
 # shared workers and web server); 0 runs the tests in this one process.
 TEST_PROCESSES ?= 3
 
-.PHONY: help setup demo up test lint fmt typecheck migrate-check deploy-check lock vendor-xterm clean
+.PHONY: help setup demo up test lint fmt typecheck migrate-check deploy-check lock vendor-xterm vendor-htmx clean
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -107,36 +107,22 @@ lock: setup  ## re-resolve requirements/*.in into the pinned requirements/*.txt 
 	  "$$tmp/dev/bin/pip" freeze --exclude-editable | grep -v '^#' | grep -vxF -f "$$tmp/base.txt"; } > requirements/dev.txt; \
 	echo "make lock: wrote requirements/base.txt and requirements/dev.txt; run make setup to install them"
 
-# xterm.js, the Studio terminal page's emulator, vendored as Django's admin vendors jQuery: the
-# built files of two npm tarballs, pinned by version and by the registry's integrity (sha512).
-# To move to a newer version, change a pin, run `make vendor-xterm`, and update the README there.
+# The Studio's front-end libraries, vendored as Django's admin vendors jQuery: built files of npm
+# tarballs, pinned by version and by the registry's integrity (sha512), checked by tools/vendor-npm
+# before anything is copied. To move to a newer version, change a pin, run the target, and update
+# the README next to the files.
 XTERM_DIR := apps/agents/static/agents/vendor/xterm
-XTERM_PIN := @xterm/xterm@5.5.0,sha512-hqJHYaQb5OptNunnyAnkHyM8aCjZ1MEIDTQu1iIbbTD/xops91NB5yq1ZK/dC2JDbVWtF23zUtl9JE2NqwT87A==
-XTERM_FIT_PIN := @xterm/addon-fit@0.10.0,sha512-UFYkDm4HUahf2lnEyHvio51TNGiLK66mqP2JoATy7hRZeXaGMRDr00JiSF7m63vR5WKATF605yEggJKsw0JpMQ==
+XTERM_PIN := @xterm/xterm@5.5.0 sha512-hqJHYaQb5OptNunnyAnkHyM8aCjZ1MEIDTQu1iIbbTD/xops91NB5yq1ZK/dC2JDbVWtF23zUtl9JE2NqwT87A==
+XTERM_FIT_PIN := @xterm/addon-fit@0.10.0 sha512-UFYkDm4HUahf2lnEyHvio51TNGiLK66mqP2JoATy7hRZeXaGMRDr00JiSF7m63vR5WKATF605yEggJKsw0JpMQ==
+HTMX_DIR := apps/studio/static/studio/vendor/htmx
+HTMX_PIN := htmx.org@2.0.11 sha512-Thx/WtpeOQqSrqBCw/A1cwGJGg4UrVa3+sW0GmrM3p4gJgO89ecH4qtbnyzDDWFvBTqjnIMCgELTNt636dtamA==
 
 vendor-xterm:  ## re-fetch the pinned xterm.js files into apps/agents/static (npm pack, integrity checked)
-	@for tool in npm openssl; do command -v $$tool >/dev/null || { echo "make vendor-xterm: needs $$tool" >&2; exit 1; }; done
-	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	for pin in '$(XTERM_PIN)' '$(XTERM_FIT_PIN)'; do \
-		spec=$${pin%%,*}; want=$${pin#*,}; name=$${spec%@*}; name=$${name#@xterm/}; \
-		mkdir "$$tmp/$$name"; \
-		npm pack --silent --ignore-scripts --pack-destination "$$tmp/$$name" "$$spec" >/dev/null; \
-		tarball=$$(ls "$$tmp/$$name"/*.tgz); \
-		got=sha512-$$(openssl dgst -sha512 -binary "$$tarball" | base64 -w0); \
-		if [ "$$got" != "$$want" ]; then \
-			echo "make vendor-xterm: $$spec has integrity $$got, the pin says $$want" >&2; exit 1; \
-		fi; \
-		tar -xzf "$$tarball" -C "$$tmp/$$name"; \
-		grep -qsF "$$want" $(XTERM_DIR)/README.md \
-			|| echo "make vendor-xterm: note: $(XTERM_DIR)/README.md does not name $$spec's integrity yet" >&2; \
-		echo "$$spec  $$want"; \
-	done; \
-	mkdir -p $(XTERM_DIR); \
-	install -m 0644 "$$tmp/xterm/package/lib/xterm.js" "$$tmp/xterm/package/css/xterm.css" $(XTERM_DIR)/; \
-	install -m 0644 "$$tmp/xterm/package/LICENSE" $(XTERM_DIR)/LICENSE.xterm; \
-	install -m 0644 "$$tmp/addon-fit/package/lib/addon-fit.js" $(XTERM_DIR)/; \
-	install -m 0644 "$$tmp/addon-fit/package/LICENSE" $(XTERM_DIR)/LICENSE.addon-fit; \
-	echo "make vendor-xterm: copied into $(XTERM_DIR): $$(cd $(XTERM_DIR) && ls | grep -v README.md | xargs)"
+	tools/vendor-npm $(XTERM_DIR) $(XTERM_PIN) lib/xterm.js:xterm.js css/xterm.css:xterm.css LICENSE:LICENSE.xterm
+	tools/vendor-npm $(XTERM_DIR) $(XTERM_FIT_PIN) lib/addon-fit.js:addon-fit.js LICENSE:LICENSE.addon-fit
+
+vendor-htmx:  ## re-fetch the pinned htmx into apps/studio/static (npm pack, integrity checked)
+	tools/vendor-npm $(HTMX_DIR) $(HTMX_PIN) dist/htmx.min.js:htmx.min.js LICENSE:LICENSE.htmx
 
 clean:  ## remove caches and the demo's data (keeps .venv and your .graphene/ data)
 	rm -rf .graphene-demo .graphene-lint .mypy_cache .ruff_cache .pytest_cache

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+from selenium.webdriver.remote.webdriver import WebDriver
 
+from tests.harness.browser import chromium_driver
 from tests.harness.driver import Driver
 from tests.harness.embedded import Ctl, Server
 from tests.harness.processes import (
@@ -261,3 +263,10 @@ def api(user: Any) -> APIClient:
     token = Token.objects.create(user=user)
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     return client
+
+
+@pytest.fixture
+def chromium() -> Iterator[WebDriver]:
+    """Debian's Chromium, headless, driven by its chromedriver (``.ci/run`` installs both)."""
+    with chromium_driver() as driver:
+        yield driver

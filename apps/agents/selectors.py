@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from apps.agents.models import Agent, AgentCapability, AgentCommand
 from apps.agents.services import AGENT_KIND
@@ -38,6 +38,22 @@ def agent_list(
     if labels:
         qs = filter_labels(qs, labels)
     return qs
+
+
+def agent_connection_counts(*, user: User) -> dict[str, int]:
+    """Live agents by connection: ``connected``, ``lost`` (away past the grace period) and
+    ``disconnected`` (away for less; may come back at once). One aggregate."""
+    live = record_visible(user=user).filter(kind=AGENT_KIND).exclude(phase=Phase.DELETED)
+    counts = Agent.objects.filter(record__in=live).aggregate(
+        connected=Count("pk", filter=Q(session__isnull=False)),
+        lost=Count("pk", filter=Q(session__isnull=True, lost_at__isnull=False)),
+        total=Count("pk"),
+    )
+    return {
+        "connected": counts["connected"],
+        "disconnected": counts["total"] - counts["connected"] - counts["lost"],
+        "lost": counts["lost"],
+    }
 
 
 def agent_get(*, user: User, agent_id: Any) -> Record:

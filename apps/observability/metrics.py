@@ -278,7 +278,7 @@ _PRIORITY_SEP = "\x06\x16"
 _PRIORITIES = (3, 6, 9)
 
 
-def _queue_depths() -> dict[str, int] | None:
+def queue_depths() -> dict[str, int] | None:
     """Messages waiting in each Celery queue (Redis LLEN); None if the broker is not Redis."""
     if not str(settings.CELERY_BROKER_URL).startswith(("redis://", "rediss://", "unix://")):
         return None
@@ -342,7 +342,7 @@ class GrapheneCollector(Collector):
         up = _family("graphene_broker_up", "1 if the broker answered this scrape (Redis only).", "gauge")
         depth = _family("graphene_queue_depth", "Messages waiting in each Celery queue (Redis LLEN).", "gauge")
         try:
-            depths = _queue_depths()
+            depths = queue_depths()
         except Exception as exc:
             logger.warning("metrics: the broker did not answer: %s", exc)
             up.add_sample("graphene_broker_up", {}, 0)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 
+from apps.agents.models import AgentCommand
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
 from apps.observability.models import SpanStatus
@@ -17,7 +20,7 @@ from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
 from apps.records.choices import Phase
 from apps.records.models import Record
-from apps.records.selectors import record_visible
+from apps.records.selectors import record_get, record_visible
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -32,10 +35,28 @@ def run_get(*, user: User, run_id: Any) -> Run:
     return get_by_uuid(run_visible(user=user), run_id, noun="run")
 
 
-def run_list(*, user: User, pipeline: str | None = None, statuses: list[str] | None = None) -> QuerySet[Run]:
+def run_list(
+    *,
+    user: User,
+    pipeline: str | None = None,
+    statuses: list[str] | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    finished_after: datetime | None = None,
+    search: str | None = None,
+) -> QuerySet[Run]:
+    """Runs the user may see. ``search``: a run id, or ``pipeline#number``."""
     qs = run_visible(user=user)
     if pipeline:
         qs = qs.filter(pipeline__name=pipeline)
+    if created_after:
+        qs = qs.filter(created_at__gte=created_after)
+    if created_before:
+        qs = qs.filter(created_at__lt=created_before)
+    if finished_after:
+        qs = qs.filter(finished_at__gte=finished_after)
+    if search:
+        qs = _run_search(qs, search.strip())
     if statuses:
         unknown = sorted(set(statuses) - set(RunStatus.values))
         if unknown:
@@ -44,6 +65,16 @@ def run_list(*, user: User, pipeline: str | None = None, statuses: list[str] | N
             )
         qs = qs.filter(status__in=statuses)
     return qs
+
+
+def _run_search(qs: QuerySet[Run], text: str) -> QuerySet[Run]:
+    name, hash_, number = text.rpartition("#")[0], "#" in text, text.rpartition("#")[2]
+    if hash_ and number.isdigit():
+        return qs.filter(pipeline__name=name, number=int(number)) if name else qs.filter(number=int(number))
+    try:
+        return qs.filter(pk=uuid.UUID(text))
+    except ValueError:
+        return qs.filter(pipeline__name__icontains=text)
 
 
 def pipeline_run_ids(*, pipeline: str) -> QuerySet[Run, Any]:
@@ -65,6 +96,49 @@ def run_journal(*, run: Run, limit: int) -> list[JournalEntry]:
 def run_events(*, run: Run) -> QuerySet[RunEvent]:
     """The run's status history, oldest first."""
     return RunEvent.objects.filter(run=run).select_related("actor").order_by("id")
+
+
+def run_status_counts(*, user: User) -> dict[str, int]:
+    """How many runs are in each status (one GROUP BY over the status index)."""
+    rows = run_visible(user=user).order_by().values_list("status").annotate(n=Count("pk"))
+    return {status: n for status, n in rows}
+
+
+def run_waits(*, runs: list[Run]) -> dict[str, list[str]]:
+    """What each suspended run of ``runs`` waits for, in words (``test.sleep/db (creating)``,
+    ``run build#4``, ``exec on agent/box``, ``a timer until 12:30:05 UTC``): three queries
+    whatever the number of runs."""
+    targets = {str(t) for run in runs for t in (run.waiting_on or [])}
+    records = {
+        str(pk): f"{kind}/{name} ({phase})"
+        for pk, kind, name, phase in Record.objects.filter(pk__in=targets).values_list("pk", "kind", "name", "phase")
+    }
+    children = {
+        str(pk): f"run {name}#{number}"
+        for pk, name, number in Run.objects.filter(pk__in=targets - records.keys()).values_list(
+            "pk", "pipeline__name", "number"
+        )
+    }
+    commands = {
+        str(pk): f"{kind} on agent/{agent}"
+        for pk, kind, agent in AgentCommand.objects.filter(
+            pk__in=targets - records.keys() - children.keys()
+        ).values_list("pk", "kind", "agent__name")
+    }
+    known = {**records, **children, **commands}
+    waits: dict[str, list[str]] = {}
+    for run in runs:
+        what = [known.get(str(t), str(t)) for t in (run.waiting_on or [])]
+        if run.wake_at is not None:
+            what.append(f"a timer until {run.wake_at:%H:%M:%S} UTC")
+        waits[str(run.pk)] = what
+    return waits
+
+
+def run_failures_since(*, user: User, since: datetime) -> int:
+    """Runs that failed or timed out since ``since``."""
+    failed = [RunStatus.FAILED, RunStatus.TIMED_OUT]
+    return run_visible(user=user).filter(status__in=failed, finished_at__gte=since).count()
 
 
 def pipeline_list() -> QuerySet[Pipeline]:
@@ -107,6 +181,42 @@ def stand_list(*, user: User) -> list[StandSummary]:
 def stand_find(*, user: User, pipeline: str) -> Record | None:
     """The pipeline's stand (the one ``services.stand_get`` gives), or None if it has none yet."""
     return _stands(user=user).filter(namespace="default", name=pipeline).first()
+
+
+def stand_holdings_expiring(*, user: User, before: datetime) -> int:
+    """Records held directly by a stand whose TTL ends before ``before`` (the TTL partial index)."""
+    return (
+        record_visible(user=user)
+        .filter(expires_at__lte=before, deletion_requested_at__isnull=True, parent__kind="graphene.stand")
+        .exclude(phase=Phase.DELETED)
+        .count()
+    )
+
+
+def stand_holding(*, user: User, pipeline: str, record_id: Any) -> Record:
+    """A record the pipeline's stand holds directly (what extend and release act on)."""
+    stand = stand_find(user=user, pipeline=pipeline)
+    record = record_get(user=user, record_id=record_id)
+    if stand is None or record.parent_id != stand.pk or record.phase == Phase.DELETED:
+        raise ValidationFailed(
+            f"record {record.pk} is not held by the stand of {pipeline!r}",
+            fields={"record": ["not a holding of this stand"]},
+        )
+    return record
+
+
+def stand_holdings_all(*, user: User, expiring_before: datetime | None = None) -> QuerySet[Record]:
+    """What every stand holds directly, by stand then expiry; with its stand and the run that
+    declared it (``created_by_run``) in the same query."""
+    qs = (
+        record_visible(user=user)
+        .filter(parent__kind="graphene.stand", parent__parent__isnull=True)
+        .exclude(phase=Phase.DELETED)
+        .select_related("parent", "created_by_run")
+    )
+    if expiring_before is not None:
+        qs = qs.filter(expires_at__lte=expiring_before, deletion_requested_at__isnull=True)
+    return qs.order_by("parent__name", "expires_at", "created_at")
 
 
 def stand_holdings(*, user: User, stand: Record) -> list[Record]:

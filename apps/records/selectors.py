@@ -4,6 +4,7 @@ namespaces will narrow it here and nowhere else)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +14,7 @@ from django.db.models import Count, QuerySet, Subquery
 from apps.core.db import is_postgresql
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
-from apps.records.choices import Phase
+from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 
 User = AbstractBaseUser | AnonymousUser
@@ -129,3 +130,20 @@ def record_deletion_requested(*, record_id: Any) -> bool:
     """Whether the record's deletion has been requested, as the row says now (a kind's long
     wait in ``create`` gives up then: the deletion waits for it). A system read, not a user's."""
     return Record.objects.filter(pk=record_id, deletion_requested_at__isnull=False).exists()
+
+
+def record_phase_counts(*, user: User, phases: Sequence[str]) -> dict[str, int]:
+    """How many records are in each of ``phases`` (one GROUP BY over the (kind, phase) index)."""
+    rows = record_visible(user=user).filter(phase__in=phases).order_by().values_list("phase").annotate(n=Count("pk"))
+    counts = dict.fromkeys(phases, 0)
+    counts.update({phase: n for phase, n in rows})
+    return counts
+
+
+def orphan_findings_since(*, since: datetime) -> int:
+    """External objects the orphan sweeper found without a live record since ``since`` (its events)."""
+    return Event.objects.filter(
+        record__kind="graphene.sweeper",
+        type__in=[EventType.ORPHAN_DELETED, EventType.ORPHAN_DELETE_FAILED],
+        created_at__gte=since,
+    ).count()

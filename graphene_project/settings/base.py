@@ -46,7 +46,10 @@ ALLOWED_HOSTS = env.csv("GRAPHENE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[:
 CSRF_TRUSTED_ORIGINS = env.csv("GRAPHENE_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # The Studio first: its templates override the admin's. Its admin config replaces
+    # django.contrib.admin, so that every admin.py registers on the Studio's site.
+    "apps.studio.apps.StudioConfig",
+    "apps.studio.apps.StudioAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -38,6 +38,16 @@ from graphene_project.settings.env import env  # noqa: E402
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The worker processes the tests share publish their hints where the test web server listens
+# (tests/harness: the Studio's live pages follow runs that shared workers execute), as workers
+# and web share Redis in production. The test process itself keeps the in-memory layer.
+if os.environ.get("GRAPHENE_TEST_CHANNEL_LAYER_URL"):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": os.environ["GRAPHENE_TEST_CHANNEL_LAYER_URL"], "socket_timeout": 30}]},
+        }
+    }
 GRAPHENE_RETRY_BASE_SECONDS = 0.2
 GRAPHENE_RETRY_MAX_SECONDS = 2.0
 GRAPHENE_FILE_ROOT = DATA_DIR / "test-files"

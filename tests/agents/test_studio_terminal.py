@@ -4,18 +4,15 @@ Chromium, on real daphne, with a real agent process and a real shell on the othe
 from __future__ import annotations
 
 import re
-import shutil
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
-from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -49,27 +46,6 @@ def staff_user(django_user_model: Any, username: str, *codenames: str, is_staff:
         *Permission.objects.filter(content_type__app_label__in=["agents", "records"], codename__in=codenames)
     )
     return user
-
-
-@pytest.fixture
-def chromium() -> Iterator[WebDriver]:
-    """Debian's Chromium, headless, driven by its chromedriver (``.ci/run`` installs both)."""
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver is None:
-        pytest.fail("the Studio tests need Debian's chromium and chromium-driver (.ci/run: ensure_chromium)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # CI runs as root, where Chromium's sandbox cannot start
-        "--disable-dev-shm-usage",  # a container's /dev/shm is often too small for it
-        "--no-proxy-server",  # loopback only
-        "--window-size=1280,900",
-    ):
-        options.add_argument(argument)
-    chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
-    yield chrome
-    chrome.quit()  # closes the page's websocket: the agent hangs the shell up
 
 
 class TerminalPage:

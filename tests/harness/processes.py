@@ -17,6 +17,10 @@ from django.db import connection
 
 from tests.harness.wait import wait_for
 
+# The channel layer the web processes, the shared workers and the test process share (agents'
+# command hints, the Studio's live hints).
+CHANNEL_LAYER_URL = os.environ.get("GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL", "redis://127.0.0.1:6379/13")
+
 REPO = Path(__file__).resolve().parents[2]
 # Runs a command with SIGINT at its default, so that Ctrl-C (SIGINT) behaves as in a terminal
 # even when the test run inherited SIGINT ignored (background jobs of a non-interactive shell).
@@ -152,9 +156,9 @@ def purge_queue() -> None:
 
 def queue_length() -> int:
     """Messages waiting in this session's queue, priorities included (the broker is Redis)."""
-    from apps.observability.metrics import _queue_depths
+    from apps.observability.metrics import queue_depths
 
-    depths = _queue_depths() or {}
+    depths = queue_depths() or {}
     return sum(depths.values())
 
 
@@ -208,7 +212,12 @@ class SharedWorkers:
 
     def __init__(self, log_dir: Path, *, count: int = 2, env: dict[str, str] | None = None) -> None:
         self.log_dir = log_dir
-        self.env = {"GRAPHENE_PIPELINE_MODULES": self.PIPELINE_MODULES, **(env or {})}
+        self.env = {
+            "GRAPHENE_PIPELINE_MODULES": self.PIPELINE_MODULES,
+            # Their hints reach the shared web server's websockets, as in production.
+            "GRAPHENE_TEST_CHANNEL_LAYER_URL": CHANNEL_LAYER_URL,
+            **(env or {}),
+        }
         pool = next(SharedWorkers._pools)  # node names are unique within the session
         self.workers = [Worker(f"shared{pool}w{i}", log_dir, 2, self.env) for i in range(count)]
 

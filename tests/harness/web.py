@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from tests.harness.net import fetch, free_port
-from tests.harness.processes import Service, process_env
+from tests.harness.processes import CHANNEL_LAYER_URL, Service, process_env
 from tests.harness.wait import wait_for
-
-# The channel layer the web process and the test process share (agents' command hints).
-CHANNEL_LAYER_URL = os.environ.get("GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL", "redis://127.0.0.1:6379/13")
 
 
 class WebServer(Service):

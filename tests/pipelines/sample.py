@@ -390,3 +390,21 @@ def nul(ctx: Context, inputs: NulInputs) -> NulOutput:
 def _nul(run_id: str) -> str:
     effect(run_id, "nul")  # counted: a value that cannot be journaled is not worth running again
     return "x\x00y"
+
+
+class StudioInputs(BaseModel):
+    parts: int = Field(default=2, ge=1, le=10)
+    create_ms: int = Field(default=800, ge=0)
+    lines: int = Field(default=3, ge=0, le=100)
+
+
+@pipeline("sample.studio", inputs=StudioInputs)
+def studio(ctx: Context, inputs: StudioInputs) -> None:
+    """What the Studio's browser tests watch: records that take a moment to converge, log lines,
+    then a long durable sleep (until someone cancels the run)."""
+    parts = [ctx.declare("test.sleep", f"part-{i}", {"create_ms": inputs.create_ms}) for i in range(inputs.parts)]
+    for part in parts:
+        part.ready()
+    for i in range(inputs.lines):
+        ctx.log(f"hello from the run, line {i}")
+    ctx.sleep(timedelta(minutes=10))

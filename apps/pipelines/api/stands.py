@@ -11,12 +11,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.errors import ValidationFailed
 from apps.pipelines import selectors, services
-from apps.records import selectors as record_selectors
 from apps.records import services as records
 from apps.records.api.serializers import RecordOutput
-from apps.records.choices import Phase
 from apps.records.models import Record
 
 
@@ -54,14 +51,8 @@ def _stand(request: Request, pipeline: str) -> Record | None:
 
 
 def _holding(request: Request, pipeline: str, data: dict[str, Any]) -> Record:
-    stand = _stand(request, pipeline)
-    record = record_selectors.record_get(user=request.user, record_id=data["record"])
-    if stand is None or record.parent_id != stand.pk or record.phase == Phase.DELETED:
-        raise ValidationFailed(
-            f"record {record.pk} is not held by the stand of {pipeline!r}",
-            fields={"record": ["not a holding of this stand"]},
-        )
-    return record
+    name = services.definition_get(pipeline).name
+    return selectors.stand_holding(user=request.user, pipeline=name, record_id=data["record"])
 
 
 class StandViewSet(viewsets.ViewSet):

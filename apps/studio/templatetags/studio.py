@@ -1,0 +1,88 @@
+"""The Studio's template tags: status and phase badges, durations, TTL countdowns."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from apps.studio.views.common import duration, short_duration
+
+register = template.Library()
+
+# A badge's colour class by what the word means to the person reading it.
+_TONE = {
+    "succeeded": "ok",
+    "ready": "ok",
+    "connected": "ok",
+    "running": "busy",
+    "queued": "busy",
+    "creating": "busy",
+    "pending": "busy",
+    "updating": "busy",
+    "deleting": "busy",
+    "suspended": "wait",
+    "waiting": "wait",
+    "drifted": "warn",
+    "cancelled": "muted",
+    "deleted": "muted",
+    "failed": "bad",
+    "timed_out": "bad",
+    "create_failed": "bad",
+    "delete_failed": "bad",
+    "lost": "bad",
+}
+
+
+def _badge(value: str, kind: str) -> SafeString:
+    label = value.replace("_", " ")
+    return format_html(
+        '<span class="studio-badge tone-{}" data-{}="{}">{}</span>', _TONE.get(value, "muted"), kind, value, label
+    )
+
+
+@register.simple_tag
+def status_badge(status: str) -> SafeString:
+    return _badge(str(status), "status")
+
+
+@register.simple_tag
+def phase_badge(phase: str) -> SafeString:
+    return _badge(str(phase), "phase")
+
+
+@register.simple_tag
+def took(start: datetime | None, end: datetime | None = None) -> str:
+    """How long from ``start`` to ``end`` (to now while it goes on), shortly."""
+    return short_duration(duration(start, end))
+
+
+@register.simple_tag
+def ttl(expires_at: datetime | None) -> SafeString:
+    """A countdown to ``expires_at`` (the page's script keeps it ticking), or "no TTL"."""
+    if expires_at is None:
+        return format_html('<span class="studio-ttl none">no TTL</span>')
+    left = expires_at - timezone.now()
+    text = "expired" if left <= timedelta(0) else short_duration(left)
+    return format_html(
+        '<time class="studio-ttl" datetime="{}" data-countdown="{}">{}</time>',
+        expires_at.isoformat(),
+        expires_at.isoformat(),
+        text,
+    )
+
+
+@register.filter
+def as_json(value: Any) -> str:
+    """A JSON value as people read it: indented, keys in their order, non-ASCII as is."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@register.filter
+def get(mapping: dict[str, Any], key: str) -> Any:
+    return mapping.get(str(key))

@@ -1,0 +1,56 @@
+"""Stands: what each pipeline's stand holds, from which run, until when; extend or release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.admin import AdminSite
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.core.errors import GrapheneError
+from apps.pipelines import selectors
+from apps.records import services as records
+from apps.studio.views.common import render
+
+# What "extend" adds, one click: the same choices as graphenectl's `stand extend --by`.
+EXTEND_CHOICES = [("1h", timedelta(hours=1)), ("1d", timedelta(days=1)), ("7d", timedelta(days=7))]
+
+
+def stand_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
+    if request.method == "POST":
+        return _act(request, site)
+    expiring = request.GET.get("expiring") == "1"
+    before = timezone.now() + timedelta(hours=1) if expiring else None
+    holdings = list(selectors.stand_holdings_all(user=request.user, expiring_before=before))
+    stands: dict[str, list[object]] = {}
+    for holding in holdings:
+        stands.setdefault(holding.parent.name, []).append(holding)
+    context = {
+        "stands": sorted(stands.items()),
+        "expiring": expiring,
+        "extend_choices": [label for label, _ in EXTEND_CHOICES],
+        "summaries": selectors.stand_list(user=request.user),
+    }
+    return render(request, site, "studio/stands.html", context, title="Stands")
+
+
+def _act(request: HttpRequest, site: AdminSite) -> HttpResponse:
+    """Extend or release one holding: the services the stands API calls, after the same check."""
+    pipeline, record_id, what = request.POST.get("pipeline", ""), request.POST.get("record"), request.POST.get("do")
+    try:
+        holding = selectors.stand_holding(user=request.user, pipeline=pipeline, record_id=record_id)
+        if what == "release":
+            records.record_release(record=holding, actor=request.user)
+            messages.success(request, f"{holding} is kept until someone deletes it.")
+        else:
+            by = dict(EXTEND_CHOICES).get(what or "")
+            if by is None:
+                raise GrapheneError(f"extend by one of {[label for label, _ in EXTEND_CHOICES]}, not {what!r}")
+            holding = records.record_extend(record=holding, by=by, actor=request.user)
+            messages.success(request, f"{holding} now expires at {holding.expires_at:%Y-%m-%d %H:%M} UTC.")
+    except GrapheneError as exc:
+        messages.error(request, exc.detail)
+    return HttpResponseRedirect(reverse("admin:studio_stands", current_app=site.name))
