@@ -8,7 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.functions import RowNumber
 
 from apps.agents.models import AgentCommand
 from apps.core.errors import ValidationFailed
@@ -16,7 +17,7 @@ from apps.core.selectors import get_by_uuid
 from apps.observability.models import SpanStatus
 from apps.observability.selectors import span_node, trace_tree
 from apps.observability.tracing import run_span_id, trace_id_of
-from apps.pipelines.choices import RunStatus
+from apps.pipelines.choices import TERMINAL, RunStatus
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -139,6 +140,37 @@ def run_failures_since(*, user: User, since: datetime) -> int:
     """Runs that failed or timed out since ``since``."""
     failed = [RunStatus.FAILED, RunStatus.TIMED_OUT]
     return run_visible(user=user).filter(status__in=failed, finished_at__gte=since).count()
+
+
+def pipeline_run_stats(*, user: User, since: datetime) -> dict[int, tuple[int, int]]:
+    """Per pipeline id: (runs ended since ``since``, of which succeeded). One GROUP BY."""
+    ended = run_visible(user=user).filter(finished_at__gte=since, status__in=list(TERMINAL))
+    rows = (
+        ended.order_by()
+        .values_list("pipeline_id")
+        .annotate(n=Count("pk"), ok=Count("pk", filter=Q(status=RunStatus.SUCCEEDED)))
+    )
+    return {pipeline_id: (n, ok) for pipeline_id, n, ok in rows}
+
+
+def pipeline_recent_runs(*, user: User, per_pipeline: int) -> dict[int, list[Run]]:
+    """Per pipeline id: its newest top-level runs, newest first, at most ``per_pipeline``
+    (one query: a window over the runs, whatever the number of pipelines)."""
+    ranked = (
+        run_visible(user=user)
+        .filter(parent_run__isnull=True)
+        .annotate(rank=Window(RowNumber(), partition_by=[F("pipeline_id")], order_by=[F("number").desc()]))
+        .filter(rank__lte=per_pipeline)
+        .order_by("pipeline_id", "-number")
+    )
+    recent: dict[int, list[Run]] = {}
+    for run in ranked:
+        recent.setdefault(run.pipeline_id, []).append(run)
+    return recent
+
+
+def pipeline_get(*, name: str) -> Pipeline | None:
+    return Pipeline.objects.filter(name=name).first()
 
 
 def pipeline_list() -> QuerySet[Pipeline]:

@@ -17,7 +17,7 @@ class StudioSite(admin.AdminSite):
     index_title = "Home"
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
-        from apps.studio.views import runs, stands
+        from apps.studio.views import pipelines, runs, stands
 
         def page(route: str, view: Any, name: str) -> URLPattern:
             return path(route, self.admin_view(view), name=name, kwargs={"site": self})
@@ -27,6 +27,8 @@ class StudioSite(admin.AdminSite):
             page("runs/<uuid:run_id>/", runs.run_detail, "studio_run"),
             page("runs/<uuid:run_id>/<str:action>/", runs.run_action, "studio_run_action"),
             page("stands/", stands.stand_list, "studio_stands"),
+            page("pipelines/", pipelines.pipeline_list, "studio_pipelines"),
+            page("pipelines/<str:name>/", pipelines.pipeline_detail, "studio_pipeline"),
         ]
         return [*studio, *super().get_urls()]
 

@@ -10,6 +10,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 from django.conf import settings
 from graphene_sdk import Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
@@ -408,3 +409,27 @@ def studio(ctx: Context, inputs: StudioInputs) -> None:
     for i in range(inputs.lines):
         ctx.log(f"hello from the run, line {i}")
     ctx.sleep(timedelta(minutes=10))
+
+
+class Database(BaseModel):
+    host: str = "db.internal"
+    port: int = Field(default=5432, ge=1, le=65535)
+
+
+class FormInputs(BaseModel):
+    """Every kind of field the Studio's start form lays out."""
+
+    branch: str
+    replicas: int = Field(default=1, ge=1, le=10, description="how many copies")
+    ratio: float = 0.5
+    mode: Literal["fast", "safe"] = "safe"
+    tags: list[str] = Field(default_factory=list)
+    dry_run: bool = False
+    note: str | None = None
+    db: Database = Field(default_factory=Database)
+
+
+@pipeline("sample.form", inputs=FormInputs)
+def form(ctx: Context, inputs: FormInputs) -> None:
+    """Takes every kind of input (the Studio's start form); does nothing with them."""
+    ctx.log(f"started on {inputs.branch}")

@@ -78,3 +78,25 @@ def test_the_home_page_counts_agree_with_the_api(
     studio.wait(lambda: studio.path() == "/runs/", "for the runs list the number links to")
     assert len(studio.texts("#runs tbody tr[data-run]")) == 2
     studio.screenshot("home-runs")
+
+
+def test_starting_a_run_from_the_form_shows_the_fields_error_then_lands_on_the_run(
+    studio: Browser, workers: list[Worker]
+) -> None:
+    studio.log_in("ada", "/pipelines/sample.studio/")
+    parts = studio.driver.find_element("id", "input-parts")
+    parts.clear()
+    parts.send_keys("20")
+    studio.click("#start")
+    studio.wait(lambda: studio.texts('[data-field="parts"] .errorlist'), "for the field's error")
+    assert "less than or equal to 10" in studio.texts('[data-field="parts"] .errorlist')[0]
+    assert not Run.objects.exists()
+    studio.screenshot("start-form-error")
+    parts = studio.driver.find_element("id", "input-parts")
+    parts.clear()
+    parts.send_keys("1")
+    studio.click("#start")
+    run = studio.wait(lambda: Run.objects.filter(pipeline__name="sample.studio").first(), "for the run to start")
+    studio.wait(lambda: studio.path() == f"/runs/{run.pk}/", "to land on the new run's page")
+    studio.wait(lambda: any("hello from the run, line 0" in t for t in studio.texts(".studio-log-line")), "for its log")
+    assert Run.objects.get(pk=run.pk).inputs["parts"] == 1

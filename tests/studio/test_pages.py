@@ -128,3 +128,73 @@ def test_the_studio_needs_a_staff_login(django_user_model: Any) -> None:
     client = Client()
     client.force_login(user)
     assert client.get("/runs/").status_code == 302
+
+
+def test_the_pipelines_page_shows_recent_runs_rates_and_stands(studio: Client) -> None:
+    runs = started(3)
+    services.run_cancel(run=runs[0])
+    page = studio.get("/pipelines/").content.decode()
+    assert 'data-pipeline="sample.wait"' in page
+    assert f'href="/runs/{runs[2].pk}/"' in page
+    with CaptureQueriesContext(connection) as few:
+        studio.get("/pipelines/")
+    started(20)
+    with CaptureQueriesContext(connection) as many:
+        studio.get("/pipelines/")
+    assert len(many) == len(few)
+
+
+def test_the_start_form_lays_out_the_schema_and_starts_a_typed_run(studio: Client) -> None:
+    page = studio.get("/pipelines/sample.form/").content.decode()
+    for name, kind in [
+        ("branch", 'type="text"'),
+        ("replicas", 'type="number"'),
+        ("ratio", 'step="any"'),
+        ("dry_run", 'type="checkbox"'),
+        ("db.host", 'type="text"'),
+        ("db.port", 'type="number"'),
+    ]:
+        assert f'name="{name}"' in page, name
+        assert kind in page.split(f'name="{name}"')[0].rsplit("<", 1)[-1] + page.split(f'name="{name}"')[1][:80], name
+    assert '<option value="fast">fast</option>' in page
+    assert 'name="tags"' in page
+    assert 'value="5432"' in page  # the nested model's default
+
+    posted = {
+        "branch": "main",
+        "replicas": "3",
+        "ratio": "0.25",
+        "mode": "fast",
+        "tags": "a\nb\n",
+        "dry_run": "true",
+        "note": "",
+        "db.host": "db2",
+        "db.port": "6543",
+    }
+    done = studio.post("/pipelines/sample.form/", posted)
+    assert done.status_code == 302
+    run = Run.objects.get(pipeline__name="sample.form")
+    assert done["Location"] == f"/runs/{run.pk}/"
+    assert run.inputs == {
+        "branch": "main",
+        "replicas": 3,
+        "ratio": 0.25,
+        "mode": "fast",
+        "tags": ["a", "b"],
+        "dry_run": True,
+        "note": None,
+        "db": {"host": "db2", "port": 6543},
+    }
+
+
+def test_the_start_form_shows_each_fields_error_and_starts_nothing(studio: Client) -> None:
+    typed_wrong = studio.post("/pipelines/sample.form/", {"branch": "main", "replicas": "three"}).content.decode()
+    assert "&#x27;three&#x27; is not a whole number" in typed_wrong
+    refused = studio.post("/pipelines/sample.form/", {"branch": "", "replicas": "11", "db.port": "0"}).content.decode()
+    # The server's validation, on the fields it names (the same rules as the API).
+    field = refused.split('data-field="replicas"')[1].split("</div>")[0]
+    assert "less than or equal to 10" in field
+    assert "greater than or equal to 1" in refused.split('data-field="db.port"')[1].split("</div>")[0]
+    assert 'value="11"' in refused  # what was typed stays
+    assert not Run.objects.filter(pipeline__name="sample.form").exists()
+    assert studio.get("/pipelines/nosuch/").status_code == 404

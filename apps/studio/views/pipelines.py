@@ -1,0 +1,69 @@
+"""Pipelines: each with its schemas, concurrency policy, recent runs, success rate and stand;
+a pipeline's page starts a run from a form generated from its input schema."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.admin import AdminSite
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.core.errors import GrapheneError, ValidationFailed
+from apps.pipelines import selectors, services
+from apps.studio.forms import form_fields, has_errors, inputs_from_post, show_errors
+from apps.studio.views.common import render
+
+RECENT_RUNS = 5
+RATE_WINDOW = timedelta(days=30)
+
+
+def _rates(request: HttpRequest) -> dict[int, tuple[int, int]]:
+    return selectors.pipeline_run_stats(user=request.user, since=timezone.now() - RATE_WINDOW)
+
+
+def pipeline_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
+    services.pipelines_sync_all()  # what the workers' code defines now (as the API's list does)
+    pipelines = list(selectors.pipeline_list())
+    recent = selectors.pipeline_recent_runs(user=request.user, per_pipeline=RECENT_RUNS)
+    rates = _rates(request)
+    stands = {s.stand.name: s for s in selectors.stand_list(user=request.user)}
+    rows = [(p, recent.get(p.pk, []), rates.get(p.pk, (0, 0)), stands.get(p.name)) for p in pipelines]
+    return render(
+        request, site, "studio/pipelines.html", {"rows": rows, "window_days": RATE_WINDOW.days}, title="Pipelines"
+    )
+
+
+def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> HttpResponse:
+    try:
+        definition = services.definition_get(name)
+    except GrapheneError:
+        raise Http404(f"no pipeline {name!r} is loaded") from None
+    pipeline = services.pipeline_sync(definition)
+    fields = form_fields(pipeline.input_schema)
+    problems: list[str] = []
+    if request.method == "POST":
+        inputs = inputs_from_post(fields, request.POST)
+        if not has_errors(fields):
+            try:
+                run = services.run_start(pipeline_name=pipeline.name, inputs=inputs, actor=request.user)
+            except ValidationFailed as exc:
+                problems = show_errors(fields, exc.fields) or ([] if has_errors(fields) else [exc.detail])
+            except GrapheneError as exc:
+                problems = [exc.detail]
+            else:
+                return HttpResponseRedirect(reverse("admin:studio_run", args=[run.pk], current_app=site.name))
+    ended, succeeded = _rates(request).get(pipeline.pk, (0, 0))
+    context: dict[str, Any] = {
+        "pipeline": pipeline,
+        "fields": fields,
+        "problems": problems,
+        "output_fields": form_fields(pipeline.output_schema) if pipeline.output_schema else [],
+        "recent": selectors.pipeline_recent_runs(user=request.user, per_pipeline=10).get(pipeline.pk, []),
+        "rate": (ended, succeeded),
+        "window_days": RATE_WINDOW.days,
+        "stand": selectors.stand_find(user=request.user, pipeline=pipeline.name),
+    }
+    return render(request, site, "studio/pipeline.html", context, title=pipeline.name)
