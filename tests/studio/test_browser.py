@@ -59,6 +59,12 @@ def test_a_run_page_follows_the_run_and_cancelling_it_deletes_what_it_owns(
     studio.screenshot("run-page-cancelled")
     assert Run.objects.get(pk=run.pk).status == "cancelled"
     assert set(Record.objects.filter(created_by_run_id=run.record_id).values_list("phase", flat=True)) == {"deleted"}
+    # Where the time went: the run's executions, its records' convergence and deletion.
+    studio.open(page)
+    names = studio.texts("#run-timeline .studio-span-name")
+    assert names[0] == "run sample.studio#1"
+    for span in ("execute #1", "record_converge", "record.delete"):
+        assert span in names, names
 
 
 def test_the_home_page_counts_agree_with_the_api(

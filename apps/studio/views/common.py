@@ -3,6 +3,7 @@ how a run's status and waits read."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -10,6 +11,7 @@ from django.contrib.admin import AdminSite
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 # A fragment request (htmx, ``HX-Request``) re-renders only the part of a page that changed.
 FRAGMENT_HEADER = "HX-Request"
@@ -50,3 +52,58 @@ def short_duration(value: timedelta | None) -> str:
     if hours < 48:
         return f"{hours} h {minutes:02d} min"
     return f"{hours // 24} d {hours % 24} h"
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One row of a waterfall: a span placed on the time axis of the whole trace (percent)."""
+
+    name: str
+    depth: int
+    start_pct: float
+    width_pct: float
+    took: str
+    status: str
+    message: str
+
+
+def waterfall(root: dict[str, Any], *, limit: int = 500) -> list[Bar]:
+    """A trace tree (``run_trace``'s shape) as bars in start order, depth first."""
+    nodes: list[tuple[dict[str, Any], int]] = []
+
+    def walk(node: dict[str, Any], depth: int) -> None:
+        nodes.append((node, depth))
+        for child in node.get("children") or []:
+            walk(child, depth + 1)
+
+    walk(root, 0)
+    nodes = nodes[:limit]
+    starts = [_instant(n.get("started_at")) for n, _ in nodes]
+    ends = [_instant(n.get("ended_at")) or timezone.now() for n, _ in nodes]
+    known = [s for s in starts if s is not None]
+    if not known:
+        return []
+    first, last = min(known), max(ends)
+    span = max((last - first).total_seconds(), 1e-6)
+    bars = []
+    for (node, depth), start, end in zip(nodes, starts, ends, strict=True):
+        if start is None:
+            continue
+        offset = (start - first).total_seconds() / span * 100
+        width = max((end - start).total_seconds() / span * 100, 0.3)
+        bars.append(
+            Bar(
+                name=str(node.get("name", "")),
+                depth=depth,
+                start_pct=round(offset, 2),
+                width_pct=round(min(width, 100 - offset), 2),
+                took=short_duration(end - start) if node.get("ended_at") else f"{short_duration(end - start)} so far",
+                status=str(node.get("status") or "unset"),
+                message=str(node.get("status_message") or ""),
+            )
+        )
+    return bars
+
+
+def _instant(value: Any) -> datetime | None:
+    return parse_datetime(value) if isinstance(value, str) else value

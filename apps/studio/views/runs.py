@@ -17,7 +17,7 @@ from apps.pipelines import selectors, services
 from apps.pipelines.choices import TERMINAL, RunStatus
 from apps.pipelines.models import Run
 from apps.records import selectors as record_selectors
-from apps.studio.views.common import render
+from apps.studio.views.common import render, waterfall
 
 PAGE_SIZE = 50
 JOURNAL_SHOWN = 1000
@@ -89,10 +89,13 @@ def run_detail(request: HttpRequest, *, site: AdminSite, run_id: Any) -> HttpRes
         "journal_truncated": len(journal) > JOURNAL_SHOWN,
         "history": list(selectors.run_events(run=run))[-50:],
         "children": list(run.children.select_related("pipeline").order_by("group", "group_index")),
+        "timeline": waterfall(selectors.run_trace(run=run)["root"]),
     }
-    fragment = {"tree": "studio/_run_tree.html", "status": "studio/_run_status.html"}.get(
-        request.GET.get("fragment", "")
-    )
+    fragment = {
+        "tree": "studio/_run_tree.html",
+        "status": "studio/_run_status.html",
+        "timeline": "studio/_run_timeline.html",
+    }.get(request.GET.get("fragment", ""))
     return render(
         request, site, "studio/run.html", context, title=f"{run.pipeline.name}#{run.number}", fragment=fragment
     )
