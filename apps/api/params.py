@@ -11,25 +11,33 @@ from typing import Any
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from apps.core import validation
 from apps.core.errors import ValidationFailed
 
 # The bounds of ``after`` (a line id) and ``tail`` (a number of lines).
 MAX_LINE_ID = 2**62
 MAX_TAIL = 10_000
+# The longest duration an input takes in seconds (a TTL, an extension): a hundred years.
+MAX_SECONDS = 100 * 365 * 86400
+
+
+class IdsInPath:
+    """For a viewset whose URL carries ids (``path_ids``: URL keyword → what it names): a
+    malformed one is a 400 naming it (``id``, ``command_id``) once the caller is
+    authenticated, before any lookup: no row could ever have that id, so it is not a 404."""
+
+    path_ids: dict[str, str] = {}
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]  # a mixin before a DRF view
+        for kwarg, noun in self.path_ids.items():
+            if kwarg in kwargs:
+                validation.parse_uuid(kwargs[kwarg], field="id" if kwarg == "pk" else kwarg, noun=noun)
 
 
 def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     """An integer query parameter within [lo, hi], ``default`` if absent; a field error otherwise."""
-    raw = params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationFailed(f"{name}={raw!r} is not an integer", fields={name: ["not an integer"]}) from None
-    if not lo <= value <= hi:
-        raise ValidationFailed(f"{name} must be between {lo} and {hi}", fields={name: [f"between {lo} and {hi}"]})
-    return value
+    return validation.parse_int(params.get(name), field=name, default=default, lo=lo, hi=hi)
 
 
 def datetime_param(params: Mapping[str, str], name: str) -> Any:
@@ -37,7 +45,10 @@ def datetime_param(params: Mapping[str, str], name: str) -> Any:
     raw = params.get(name)
     if not raw:
         return None
-    value = parse_datetime(raw)
+    try:
+        value = parse_datetime(raw)
+    except ValueError:  # well formed, but no such date (month 13, hour 25)
+        value = None
     if value is None:
         raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
     if timezone.is_naive(value):

@@ -71,6 +71,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: refuses a path or query PostgreSQL cannot store, and gives every error under /api/
+    # the API's JSON shape, whatever made it (apps/api/middleware.py).
+    "apps.api.middleware.ApiDoorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -81,6 +84,8 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "graphene_project.urls"
+# Under /api/ a failed CSRF check answers in the API's JSON error shape (the Studio's stays HTML).
+CSRF_FAILURE_VIEW = "apps.api.errors.csrf_failure"
 ASGI_APPLICATION = "graphene_project.asgi.application"
 WSGI_APPLICATION = None
 
@@ -207,7 +212,21 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
+    # Bounded parsers (apps/api/parsers.py): size, depth and storable values checked at the door.
+    "DEFAULT_PARSER_CLASSES": [
+        "apps.api.parsers.JSONParser",
+        "apps.api.parsers.FormParser",
+        "apps.api.parsers.MultiPartParser",
+    ],
+    # ?limit= is checked by the paginators (apps/api/pagination.py): a malformed one is a 400.
 }
+# How many levels of objects and arrays a JSON document may nest (a request body, run inputs,
+# a record's spec or labels); deeper is a 400 before anything parses it.
+GRAPHENE_API_MAX_JSON_DEPTH = env.integer("GRAPHENE_API_MAX_JSON_DEPTH", 64)
+# The largest request body the API and the Studio read into memory (JSON and form bodies), in
+# bytes; larger is a 413. Artifact uploads are streamed and bounded by GRAPHENE_ARTIFACT_MAX_BYTES.
+GRAPHENE_API_MAX_BODY_BYTES = env.integer("GRAPHENE_API_MAX_BODY_BYTES", 10 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = GRAPHENE_API_MAX_BODY_BYTES
 SPECTACULAR_SETTINGS = {
     "TITLE": "Graphene API",
     "DESCRIPTION": "Records, runs and the resources they own.",

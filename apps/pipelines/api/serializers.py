@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
@@ -70,4 +72,13 @@ class RunOutput(serializers.ModelSerializer):
 
 
 class RunStartInput(serializers.Serializer):
-    inputs = serializers.JSONField(required=False, default=dict)
+    inputs = serializers.JSONField(
+        required=False, default=dict, help_text="the pipeline's inputs, checked strictly against its schema"
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A misspelt key (``input``) must not start a run with every default.
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field; a start takes inputs"] for name in unknown})
+        return attrs

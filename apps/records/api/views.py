@@ -19,7 +19,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst, OldestFirstById
-from apps.api.params import MAX_TAIL, datetime_param, int_param, log_filter_params, log_start_params
+from apps.api.params import (
+    MAX_TAIL,
+    IdsInPath,
+    datetime_param,
+    int_param,
+    log_filter_params,
+    log_start_params,
+)
+from apps.core import validation
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import LOG_FIELDS, log_batches, log_output, log_rows, log_start
 from apps.observability.services import log_dropped
@@ -99,9 +107,10 @@ LIST_PARAMS = [
 ]
 
 
-class RecordViewSet(viewsets.GenericViewSet):
+class RecordViewSet(IdsInPath, viewsets.GenericViewSet):
     """Records: list with selectors, get, tree, events, apply, delete, transfer, extend."""
 
+    path_ids = {"pk": "record"}
     serializer_class = RecordOutput
     pagination_class = NewestFirst
     queryset = Record.objects.none()
@@ -112,7 +121,8 @@ class RecordViewSet(viewsets.GenericViewSet):
         phases = [p for p in params.get("phase", "").split(",") if p]
         owner = params.get("owner")
         if owner:
-            owner = str(selectors.record_get(user=request.user, record_id=owner).pk)
+            owner_id = validation.parse_uuid(owner, field="owner")
+            owner = str(selectors.record_get(user=request.user, record_id=owner_id).pk)
         qs = selectors.record_list(
             user=request.user,
             kind=params.get("kind"),
@@ -163,7 +173,7 @@ class RecordViewSet(viewsets.GenericViewSet):
                 "owner is required: every record has exactly one owner (a run, a stand or another record)",
                 fields={"owner": ["this field is required"]},
             )
-        owner = selectors.record_get(user=request.user, record_id=v["owner"])
+        owner = selectors.record_get(user=request.user, record_id=validation.parse_uuid(v["owner"], field="owner"))
         before = (
             Record.objects.filter(parent=owner, kind=v["kind"], name=v["name"]).exclude(phase=Phase.DELETED).first()
         )
