@@ -104,7 +104,9 @@ def test_exec_needs_the_permission_and_queues_a_command(api: APIClient, operator
     cancelled = operator.post(f"/api/v1/agents/{agent.pk}/commands/{command_id}/cancel/")
     assert cancelled.status_code == 202
     assert cancelled.data["status"] == "cancelled"
-    assert operator.get(f"/api/v1/agents/{agent.pk}/commands/not-a-uuid/").status_code == 404
+    malformed = operator.get(f"/api/v1/agents/{agent.pk}/commands/not-a-uuid/")
+    assert malformed.status_code == 400
+    assert list(malformed.json()["fields"]) == ["command_id"]
 
 
 def test_exec_without_the_permission_is_forbidden(api: APIClient, agent: Record) -> None:
