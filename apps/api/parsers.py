@@ -6,6 +6,7 @@ beyond JSON's range) a 400 naming its path, before any view sees the body."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -16,7 +17,7 @@ from rest_framework.exceptions import ParseError
 from apps.core import validation
 
 
-def _read_bounded(stream: Any, parser_context: dict[str, Any] | None) -> bytes:
+def _read_bounded(stream: Any, parser_context: Mapping[str, Any] | None) -> bytes:
     """The whole body, refused with a 413 as soon as it is known to exceed the bound (DRF has
     usually read it already, bounded by Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``, the same)."""
     limit = validation.max_body_bytes()
@@ -37,7 +38,7 @@ def _strict_constant(name: str) -> Any:
 class JSONParser(parsers.JSONParser):
     """JSON bodies: bounded in size and depth, every string (keys too) storable."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         raw = _read_bounded(stream, parser_context)
         validation.check_json_text(raw)
         encoding = parsers.get_encoding(parser_context or {})  # type: ignore[attr-defined]  # untyped in the stubs
@@ -51,7 +52,7 @@ class JSONParser(parsers.JSONParser):
 class FormParser(parsers.FormParser):
     """URL-encoded bodies: bounded in size, every name and value storable text."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         raw = _read_bounded(stream, parser_context)
         encoding = parsers.get_encoding(parser_context or {})  # type: ignore[attr-defined]  # untyped in the stubs
         data = QueryDict(raw, encoding=encoding)
@@ -63,7 +64,7 @@ class MultiPartParser(parsers.MultiPartParser):
     """Multipart bodies: files are streamed (unbounded here); the other fields are bounded by
     Django (``DATA_UPLOAD_MAX_MEMORY_SIZE``, a 413 here) and must be storable text."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         try:
             parsed = super().parse(stream, media_type, parser_context)
         except RequestDataTooBig:

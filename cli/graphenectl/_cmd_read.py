@@ -190,7 +190,8 @@ def _listing(
             params = {"label": labels, "pipeline": pipeline}
         items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
         if more and not quiet:
-            info(f"showing the newest {len(items)} {res.plural}; more exist (--limit N shows more)")
+            which = "first" if res.name == "pipeline" else "newest"  # pipelines come in name order
+            info(f"showing the {which} {len(items)} {res.plural}; more exist (--limit N shows more)")
         return items, items
 
     return Listing(res, res.columns, res.name_of, many, res.key)

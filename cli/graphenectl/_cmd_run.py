@@ -35,7 +35,8 @@ def complete_pipeline(incomplete: str) -> list[str]:
     """Pipeline names from the server, for shell completion; nothing if it cannot be asked quickly."""
     try:
         session.timeout = 2.0
-        return [p["name"] for p in session.client().get("pipelines/") if p["name"].startswith(incomplete)]
+        pipelines, _ = session.client().list("pipelines/", limit=None)
+        return [p["name"] for p in pipelines if p["name"].startswith(incomplete)]
     except Exception:  # completion must never print a traceback into the shell
         return []
 

@@ -31,6 +31,18 @@ def read_document(source: str, *, option: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(f"{option}: {source} is not YAML or JSON: {exc}") from None
+    except RecursionError:  # the YAML parser recurses once per level
+        raise UsageError(f"{option}: {source} nests too deeply to be read") from None
+
+
+def check_document(document: Any, *, option: str, path: str) -> None:
+    """Refuse what the server would (``graphene_sdk.validation``: NUL characters, lone
+    surrogates, numbers JSON cannot carry, too deep), by path, before anything is sent."""
+    from graphene_sdk import validation  # imported here: only the commands that send documents need it
+
+    problems = validation.json_problems(document, path=path)
+    if problems:
+        raise UsageError(f"{option}: the document cannot be sent as it is; nothing was changed", fields=problems)
 
 
 def parse_labels(values: list[str]) -> dict[str, str]:
@@ -80,6 +92,7 @@ def apply(
             document = {}
         if not isinstance(document, dict):
             raise UsageError(f"--spec: {spec} must hold a mapping (the kind's spec), not {type(document).__name__}")
+        check_document(document, option="--spec", path="spec")
         body["spec"] = document
     if owner:
         body["owner"] = record_id(owner, owner=True)

@@ -184,7 +184,7 @@ RESOURCES = {
     for r in [
         Resource("record", "records", ("rec", "recs", "r"), "records", RECORD_COLUMNS, "id", True),
         Resource("run", "runs", (), "runs", RUN_COLUMNS, "id", True),
-        Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", False),
+        Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", True),
         Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False),
         Resource("agent", "agents", ("ag",), "agents", AGENT_COLUMNS, "id", True),
         Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),

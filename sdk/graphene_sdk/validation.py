@@ -211,7 +211,7 @@ def schema_problems(schema: Mapping[str, Any], document: Any, *, max_depth: int 
     # Imported here: jsonschema is a slow import, and only a start needs it.
     from jsonschema import Draft202012Validator, validators
 
-    strict = validators.extend(
+    strict = validators.extend(  # type: ignore[no-untyped-call]  # untyped in types-jsonschema
         Draft202012Validator,
         type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer),
     )
