@@ -13,6 +13,7 @@ ways: the engine, the Studio's forms).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from apps.core.errors import GrapheneError, ValidationFailed
 
 M = TypeVar("M", bound=BaseModel)
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 class TooLarge(GrapheneError):
@@ -86,6 +88,14 @@ def check_text(value: str, *, field: str) -> str:
     if problem is not None:
         raise ValidationFailed(f"{field} {problem}", fields={field: [problem]})
     return value
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what PostgreSQL cannot store (NUL, lone surrogates) replaced by U+FFFD: for
+    what Graphene records as it came (a program's output), not for input it refuses."""
+    if rules.text_problem(text) is None:
+        return text
+    return _SURROGATES.sub("\ufffd", text.replace("\x00", "\ufffd"))
 
 
 def check_json_text(raw: bytes | str, *, what: str = "the body") -> None:

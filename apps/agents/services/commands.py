@@ -28,6 +28,7 @@ from apps.agents.services.payloads import command_payload_validate
 from apps.core import domain
 from apps.core.errors import Conflict, GrapheneError
 from apps.core.events import publish_on_commit
+from apps.core.validation import storable_text
 from apps.observability.services import log_write_lines
 from apps.records import services as records
 from apps.records.choices import Phase
@@ -312,10 +313,12 @@ def command_finish(*, record_id: Any, command_id: Any, result: Mapping[str, Any]
         _command_finish_row(
             command,
             CommandStatus(status),
-            error=error,
+            error=storable_text(error),
             exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
-            stdout_tail=str(result.get("stdout_tail") or "")[-MAX_TAIL_CHARS:],
-            stderr_tail=str(result.get("stderr_tail") or "")[-MAX_TAIL_CHARS:],
+            # A program's output may hold NUL (and a broken agent lone surrogates): stored as
+            # U+FFFD, as its log lines are, or the result could never be stored.
+            stdout_tail=storable_text(str(result.get("stdout_tail") or "")[-MAX_TAIL_CHARS:]),
+            stderr_tail=storable_text(str(result.get("stderr_tail") or "")[-MAX_TAIL_CHARS:]),
             result=extra,
         )
     return command
