@@ -10,6 +10,7 @@ from typing import Any
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from rest_framework.permissions import SAFE_METHODS
 
 from apps.core import validation
 from apps.core.errors import ValidationFailed
@@ -21,10 +22,15 @@ MAX_TAIL = 10_000
 MAX_SECONDS = 100 * 365 * 86400
 
 
-class IdsInPath:
-    """For a viewset whose URL carries ids (``path_ids``: URL keyword → what it names): a
-    malformed one is a 400 naming it (``id``, ``command_id``) once the caller is
-    authenticated, before any lookup: no row could ever have that id, so it is not a 404."""
+class DoorChecks:
+    """The door's checks for a viewset, once the caller is authenticated and allowed, before
+    any lookup or change:
+
+    * ids in its URL (``path_ids``: URL keyword → what it names): a malformed one is a 400
+      naming it (``id``, ``command_id``), not a 404: no row could ever have that id;
+    * its body, parsed (and so checked: size, depth, storable values) even by an action that
+      does not read it: a cancel with a broken body is refused, not carried out.
+    """
 
     path_ids: dict[str, str] = {}
 
@@ -33,6 +39,8 @@ class IdsInPath:
         for kwarg, noun in self.path_ids.items():
             if kwarg in kwargs:
                 validation.parse_uuid(kwargs[kwarg], field="id" if kwarg == "pk" else kwarg, noun=noun)
+        if request.method not in SAFE_METHODS and request.negotiator.select_parser(request, request.parsers):
+            _ = request.data  # a body no parser of this view takes (a raw upload) is the view's own
 
 
 def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:

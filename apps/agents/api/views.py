@@ -17,7 +17,7 @@ from apps.agents import selectors, services
 from apps.agents.api.serializers import AgentOutput, CommandOutput, ExecInput
 from apps.agents.choices import CommandKind
 from apps.api.pagination import NewestFirst
-from apps.api.params import IdsInPath
+from apps.api.params import DoorChecks
 from apps.core.errors import ValidationFailed
 from apps.records.models import Record
 from apps.records.selectors import parse_label_selector
@@ -41,7 +41,7 @@ def _require_exec(request: Request) -> None:
         raise PermissionDenied(f"running commands on agents needs the {selectors.COMMAND_EXEC_PERMISSION} permission")
 
 
-class AgentViewSet(IdsInPath, viewsets.GenericViewSet[Any]):
+class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
     """Agents (records of kind ``agent``) with their connection state, facts and commands."""
 
     path_ids = {"pk": "agent", "command_id": "command"}

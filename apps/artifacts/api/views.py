@@ -28,7 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst
-from apps.api.params import MAX_SECONDS, IdsInPath, int_param
+from apps.api.params import MAX_SECONDS, DoorChecks, int_param
 from apps.api.parsers import MultiPartParser
 from apps.artifacts import blobs, selectors, services
 from apps.artifacts.api.serializers import ArtifactOutput
@@ -110,7 +110,7 @@ def _artifact(request: Request, pk: Any) -> Record:
     return selectors.artifact_get(user=request.user, artifact_id=pk, among=among)
 
 
-class ArtifactViewSet(IdsInPath, viewsets.GenericViewSet[Record]):
+class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
     """Artifacts: bytes in Graphene's blob store, each held by a record (owner, TTL, cascade)."""
 
     path_ids = {"pk": "artifact"}

@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.api.params import MAX_SECONDS
+from apps.api.params import MAX_SECONDS, DoorChecks
 from apps.pipelines import selectors, services
 from apps.records import services as records
 from apps.records.api.serializers import RecordOutput
@@ -56,7 +56,7 @@ def _holding(request: Request, pipeline: str, data: dict[str, Any]) -> Record:
     return selectors.stand_holding(user=request.user, pipeline=name, record_id=data["record"])
 
 
-class StandViewSet(viewsets.ViewSet):
+class StandViewSet(DoorChecks, viewsets.ViewSet):
     """Each pipeline's stand: the subtrees runs handed over, each with its own TTL."""
 
     lookup_field = "pipeline"

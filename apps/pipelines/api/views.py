@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import ByName, NewestFirst, OldestFirstById
-from apps.api.params import IdsInPath
+from apps.api.params import DoorChecks
 from apps.pipelines import selectors, services
 from apps.pipelines.api.serializers import (
     JournalEntryOutput,
@@ -43,7 +43,7 @@ RunDetail = inline_serializer(
 )
 
 
-class PipelineViewSet(viewsets.GenericViewSet):
+class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
     """Loaded pipelines with their input and output JSON Schemas; start runs."""
 
     serializer_class = PipelineOutput
@@ -73,7 +73,7 @@ class PipelineViewSet(viewsets.GenericViewSet):
         return Response(RunOutput(run).data, status=status.HTTP_201_CREATED)
 
 
-class RunViewSet(IdsInPath, viewsets.GenericViewSet):
+class RunViewSet(DoorChecks, viewsets.GenericViewSet):
     """Runs: list, get (with journal), status history, cancel, resume."""
 
     path_ids = {"pk": "run"}

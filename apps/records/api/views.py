@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from apps.api.pagination import NewestFirst, OldestFirstById
 from apps.api.params import (
     MAX_TAIL,
-    IdsInPath,
+    DoorChecks,
     datetime_param,
     int_param,
     log_filter_params,
@@ -107,7 +107,7 @@ LIST_PARAMS = [
 ]
 
 
-class RecordViewSet(IdsInPath, viewsets.GenericViewSet):
+class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
     """Records: list with selectors, get, tree, events, apply, delete, transfer, extend."""
 
     path_ids = {"pk": "record"}
@@ -201,9 +201,10 @@ class RecordViewSet(IdsInPath, viewsets.GenericViewSet):
     def destroy(self, request: Request, pk: str) -> Response:
         """Delete the record and its subtree, children first. 202 while in progress, 200 when gone."""
         record = selectors.record_get(user=request.user, record_id=pk)
+        wait = request.query_params.get("wait", "").lower() in {"1", "true", "yes"}
+        timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)  # refused before acting
         record = services.record_delete_request(record=record, actor=request.user)
-        if request.query_params.get("wait", "").lower() in {"1", "true", "yes"}:
-            timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)
+        if wait:
             deadline = time.monotonic() + timeout
             while record.phase != Phase.DELETED and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -368,7 +369,7 @@ class KindViewSet(viewsets.ViewSet):
             raise NotFound(str(exc)) from None
 
 
-class OrphanViewSet(viewsets.GenericViewSet):
+class OrphanViewSet(DoorChecks, viewsets.GenericViewSet):
     """What the orphan sweeper found: external objects whose record was gone."""
 
     pagination_class = OldestFirstById

@@ -8,12 +8,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import ByName
+from apps.api.params import DoorChecks
 from apps.secrets import selectors, services
 from apps.secrets.api.serializers import SecretCreateInput, SecretOutput, SecretReplaceInput
 from apps.secrets.models import Secret
 
 
-class SecretViewSet(viewsets.GenericViewSet[Secret]):
+class SecretViewSet(DoorChecks, viewsets.GenericViewSet[Secret]):
     """Named secrets, encrypted at rest. Values go in (POST, PUT) and never come out."""
 
     serializer_class = SecretOutput
