@@ -23,6 +23,7 @@ rules over the schema). Problems are reported by path, ``a.b.0.c``, every one at
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -199,23 +200,26 @@ def _strict_integer(checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-def schema_problems(schema: Mapping[str, Any], document: Any, *, max_depth: int = MAX_DEPTH) -> Problems:
-    """Every problem with run inputs ``document`` against a pipeline's input JSON Schema, by
-    path (``(inputs)`` for the object itself): values a door refuses, undeclared inputs, and
-    the schema's own rules with strict types. What graphenectl checks before it sends a start."""
-    if not isinstance(document, dict):
-        return {"(inputs)": ["must be a JSON object"]}
-    problems = json_problems(document, max_depth=max_depth)
-    if problems:
-        return problems
-    # Imported here: jsonschema is a slow import, and only a start needs it.
+@functools.cache
+def _strict_validator() -> Any:
+    """Draft 2020-12 with strict integers (imported late: jsonschema is a slow import)."""
     from jsonschema import Draft202012Validator, validators
 
-    strict = validators.extend(  # type: ignore[no-untyped-call]  # untyped in types-jsonschema
+    return validators.extend(  # type: ignore[no-untyped-call]  # untyped in types-jsonschema
         Draft202012Validator,
         type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer),
     )
-    for error in sorted(strict(dict(schema)).iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]):
+
+
+@functools.cache
+def _model_validator(model: type[BaseModel]) -> Any:
+    return _strict_validator()(_model_schema(model))
+
+
+def _schema_rules(validator: Any, schema: Mapping[str, Any], document: dict[str, Any]) -> Problems:
+    """The schema's own rules (with strict types) and undeclared inputs, by path."""
+    problems: Problems = {}
+    for error in sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]):
         path = ".".join(str(p) for p in error.absolute_path)
         if error.validator == "required" and isinstance(error.instance, dict):
             for name in error.validator_value:
@@ -227,6 +231,19 @@ def schema_problems(schema: Mapping[str, Any], document: Any, *, max_depth: int 
     for path, messages in unknown_inputs(schema, document).items():
         problems.setdefault(path, []).extend(messages)
     return problems
+
+
+def schema_problems(schema: Mapping[str, Any], document: Any, *, max_depth: int = MAX_DEPTH) -> Problems:
+    """Every problem with run inputs ``document`` against a pipeline's input JSON Schema, by
+    path (``(inputs)`` for the object itself): values a door refuses, undeclared inputs, and
+    the schema's own rules with strict types. What graphenectl checks before it sends a start;
+    the server checks the same, and its pipeline's model on top (``validate_inputs``)."""
+    if not isinstance(document, dict):
+        return {"(inputs)": ["must be a JSON object"]}
+    problems = json_problems(document, max_depth=max_depth)
+    if problems:
+        return problems
+    return _schema_rules(_strict_validator()(dict(schema)), schema, document)
 
 
 def _refusal(model: type[BaseModel], problems: Problems, document: Any) -> ValidationError:
@@ -246,15 +263,28 @@ def _refusal(model: type[BaseModel], problems: Problems, document: Any) -> Valid
 
 
 def validate_inputs(model: type[M], document: Any, *, max_depth: int = MAX_DEPTH) -> M:
-    """``document`` (run inputs as JSON values) as an instance of the pipeline's input model,
-    by the rules above; raises ``pydantic.ValidationError`` naming every problem's path."""
+    """``document`` (run inputs as JSON values) as an instance of the pipeline's input model;
+    raises ``pydantic.ValidationError`` naming every problem's path.
+
+    The rules of ``schema_problems`` over the model's JSON Schema (what graphenectl checks), and
+    the model itself in pydantic's strict mode (its own validators, formats such as date-time):
+    an input graphenectl accepts is refused here only for what its schema cannot say."""
     if not isinstance(document, dict):
         raise _refusal(model, {"(inputs)": ["must be a JSON object"]}, document)
     problems = json_problems(document, max_depth=max_depth)
-    if not problems:
-        problems = unknown_inputs(_model_schema(model), document)
     if problems:
         raise _refusal(model, problems, document)
-    # JSON mode: strict about JSON's own types, while a date-time, a UUID or an enum's value
-    # still arrive as the strings JSON writes them as.
-    return model.model_validate_json(json.dumps(document, allow_nan=False), strict=True)
+    instance: M | None = None
+    try:
+        # JSON mode: strict about JSON's own types, while a date-time, a UUID or an enum's
+        # value still arrive as the strings JSON writes them as.
+        instance = model.model_validate_json(json.dumps(document, allow_nan=False), strict=True)
+    except ValidationError as exc:
+        for error in exc.errors():
+            problems.setdefault(".".join(str(p) for p in error["loc"]) or "(inputs)", []).append(error["msg"])
+    for path, messages in _schema_rules(_model_validator(model), _model_schema(model), document).items():
+        if path not in problems:  # pydantic's words where both object to the same value
+            problems[path] = messages
+    if problems or instance is None:
+        raise _refusal(model, problems or {"(inputs)": ["refused"]}, document)
+    return instance
