@@ -26,6 +26,9 @@ from apps.core.errors import GrapheneError, ValidationFailed
 
 M = TypeVar("M", bound=BaseModel)
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# Documents nested up to this deep are parsed (and then refused by path if over the bound);
+# deeper ones are refused from their text: Python's parser recurses once per level.
+PARSE_DEPTH = 128
 
 
 class TooLarge(GrapheneError):
@@ -99,9 +102,11 @@ def storable_text(text: str) -> str:
 
 
 def check_json_text(raw: bytes | str, *, what: str = "the body") -> None:
-    """Refuse a JSON document's text that nests deeper than the bound, before it is parsed."""
-    if rules.text_too_deep(raw, max_depth()):
-        limit = max_depth()
+    """Refuse a JSON document's text that nests so deep a parser would recurse dangerously,
+    before it is parsed. Up to ``PARSE_DEPTH`` levels it is parsed, and ``check_json`` names
+    the path where it goes deeper than the bound."""
+    limit = max_depth()
+    if rules.text_too_deep(raw, max(limit, PARSE_DEPTH)):
         raise TooDeep(
             f"{what} nests objects and arrays deeper than {limit} levels (GRAPHENE_API_MAX_JSON_DEPTH)",
             fields={"(body)": [f"nested deeper than {limit} levels"]},
