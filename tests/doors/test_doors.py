@@ -42,7 +42,8 @@ def refused(response: Any, status: int, *fields: str) -> dict[str, Any]:
     assert response["Content-Type"] == "application/json", response["Content-Type"]
     body = response.json()
     assert set(body) == {"error", "detail", "fields"}, body
-    assert isinstance(body["detail"], str) and body["detail"]
+    assert isinstance(body["detail"], str)
+    assert body["detail"]
     assert set(body["fields"]) == set(fields), body
     return dict(body)
 
@@ -169,7 +170,8 @@ def test_pipelines_are_paged_like_every_list(api: APIClient) -> None:
     first = api.get("/api/v1/pipelines/?limit=2").json()
     assert set(first) == {"next", "previous", "results"}
     names = [p["name"] for p in first["results"]]
-    assert names == sorted(names) and len(names) == 2
+    assert names == sorted(names)
+    assert len(names) == 2
     rest = api.get(first["next"]).json()["results"]
     assert names[-1] < rest[0]["name"]
 
