@@ -10,6 +10,7 @@ from typing import Any
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS
 
 from apps.core import validation
@@ -20,6 +21,16 @@ MAX_LINE_ID = 2**62
 MAX_TAIL = 10_000
 # The longest duration an input takes in seconds (a TTL, an extension): a hundred years.
 MAX_SECONDS = 100 * 365 * 86400
+
+
+class StrictInteger(serializers.IntegerField):
+    """A JSON integer, as run inputs are (``graphene_sdk.validation``): not ``true``, not
+    ``"60"``, not ``60.0`` (DRF's IntegerField takes all three)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
 
 
 class DoorChecks:

@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.api.params import MAX_SECONDS, DoorChecks
+from apps.api.params import MAX_SECONDS, DoorChecks, StrictInteger
 from apps.pipelines import selectors, services
 from apps.records import services as records
 from apps.records.api.serializers import RecordOutput
@@ -23,7 +23,7 @@ class HoldingInput(serializers.Serializer):
 
 
 class ExtendHoldingInput(HoldingInput):
-    by_seconds = serializers.IntegerField(min_value=1, max_value=MAX_SECONDS)
+    by_seconds = StrictInteger(min_value=1, max_value=MAX_SECONDS)
 
 
 StandSummary = inline_serializer(
