@@ -223,7 +223,7 @@ DOORS = [
         "record transfer",
         "POST",
         "/api/v1/records/{record}/transfer/",
-        {"to": "{other}"},
+        {"to": "{stand}"},
         strict={"to": bad_ids | st.integers() | st.none(), "ttl_seconds": bad_seconds.filter(lambda v: v is not None)},
         path_ids=("record",),
     ),
