@@ -48,7 +48,7 @@ def refused(response: Any, status: int, *fields: str) -> dict[str, Any]:
     return dict(body)
 
 
-def post_raw(api: APIClient, path: str, raw: bytes | str, content_type: str = "application/json") -> Any:
+def post_raw(api: APIClient, path: str, raw: str, content_type: str = "application/json") -> Any:
     return api.generic("POST", path, raw, content_type=content_type)
 
 

@@ -581,8 +581,9 @@ def test_graphenectl_accepts_exactly_what_the_server_accepts(name: str, data: st
     """``--inputs`` documents: graphenectl's verdict (the pipeline's JSON Schema, through the
     SDK's rules) is the server's (the pipeline's model, strict), for every generated document."""
     definition = pipelines.definition_get(name)
-    pipeline = {"name": name, "input_schema": definition.input_schema()}
-    document = data.draw(documents(pipeline["input_schema"]))
+    schema = definition.input_schema()
+    pipeline = {"name": name, "input_schema": schema}
+    document = data.draw(documents(schema))
     server = _server_accepts(name, document)
     refusal: dict[str, Any] | None = None
     try:

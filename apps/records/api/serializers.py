@@ -111,9 +111,7 @@ class TransferInput(serializers.Serializer):
 
 
 class ExtendInput(serializers.Serializer):
-    by_seconds = StrictInteger(
-        min_value=1, max_value=MAX_SECONDS, help_text="push the deadline this much further"
-    )
+    by_seconds = StrictInteger(min_value=1, max_value=MAX_SECONDS, help_text="push the deadline this much further")
 
 
 class EventOutput(serializers.ModelSerializer):
