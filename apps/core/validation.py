@@ -26,6 +26,7 @@ from apps.core.errors import GrapheneError, ValidationFailed
 
 M = TypeVar("M", bound=BaseModel)
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_INTEGER = re.compile("-?[0-9]+")
 # Documents nested up to this deep are parsed (and then refused by path if over the bound);
 # deeper ones are refused from their text: Python's parser recurses once per level.
 PARSE_DEPTH = 128
@@ -154,7 +155,7 @@ def parse_int(raw: str | None, *, field: str, default: int, lo: int, hi: int) ->
     if raw is None or raw == "":
         return default
     text = raw.strip()
-    if not (text.isascii() and text.lstrip("-").isdigit()):
+    if not _INTEGER.fullmatch(text):
         shown = _escaped(text[:40])
         raise ValidationFailed(f"{field}='{shown}' is not an integer", fields={field: ["not an integer"]})
     value = int(text) if len(text) <= 30 else (hi + 1 if not text.startswith("-") else lo - 1)

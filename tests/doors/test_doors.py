@@ -161,6 +161,8 @@ def test_malformed_ids_are_a_400_naming_the_field_not_a_404(api: APIClient) -> N
 def test_limit_and_cursor_are_checked(api: APIClient) -> None:
     refused(api.get("/api/v1/runs/?limit=abc"), 400, "limit")
     refused(api.get("/api/v1/records/?limit=0"), 400, "limit")
+    refused(api.get("/api/v1/records/?limit=--5"), 400, "limit")
+    refused(api.get(f"/api/v1/records/{factories.stand().pk}/tree/?depth=" + "9" * 5000), 400, "depth")
     refused(api.get("/api/v1/runs/?cursor=abc"), 400, "cursor")
     refused(api.get("/api/v1/records/?cursor=cD05OTk5"), 400, "cursor")  # p=9999: not a date-time
     assert api.get("/api/v1/runs/?limit=5000").status_code == 200  # more than the most: the most

@@ -18,6 +18,7 @@ accepts (and the other way round): one set of rules.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -165,7 +166,7 @@ bad_seconds = (
 def accepted_int(text: str, lo: int, hi: int) -> bool:
     """Whether a query parameter's text is an integer the API takes (empty: the default)."""
     text = text.strip()
-    if text == "" or not (text.isascii() and text.lstrip("-").isdigit()):
+    if text == "" or not re.fullmatch("-?[0-9]+", text):
         return text == ""
     return lo <= int(text) <= hi
 
