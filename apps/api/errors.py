@@ -104,13 +104,15 @@ def as_json_error(response: HttpResponse) -> HttpResponse:
         body = json.loads(response.content) if response.content else None
     except ValueError:
         body = None
-    if isinstance(body, dict) and {"error", "detail"} <= set(body):
+    if isinstance(body, dict) and set(body) == {"error", "detail", "fields"}:
         if content_type != "application/json":  # rendered by a view's other renderer (SSE, downloads)
             response["Content-Type"] = "application/json"
         return response
     code = CODES.get(response.status_code, "error")
     detail = f"HTTP {response.status_code}: {code.replace('_', ' ')}"
-    if response.status_code == 403:
+    if isinstance(body, dict) and isinstance(body.get("detail"), str):  # JSON, but not the API's shape
+        detail = body["detail"]
+    elif response.status_code == 403:
         detail = "forbidden (a CSRF check failed: the API takes an Authorization: Token header)"
     replaced = error_response(response.status_code, code, detail)
     for header in ("Allow", "WWW-Authenticate", "Retry-After"):
