@@ -7,9 +7,10 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 
 from apps.core.models import TimeStampedModel
-from apps.pipelines.choices import EntryStatus, RunStatus
+from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, EntryStatus, RunStatus
 
 
 class Pipeline(TimeStampedModel):
@@ -129,6 +130,14 @@ class JournalEntry(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="journal_unique_seq")]
+        indexes = [
+            # Which runs attached an artifact (the Studio's artifact page): the attached id.
+            models.Index(
+                KeyTextTransform("id", "result"),
+                name="journal_attached_artifact",
+                condition=Q(call__startswith=ATTACH_ARTIFACT_CALL),
+            )
+        ]
         ordering = ["run", "seq"]
 
     def __str__(self) -> str:

@@ -17,7 +17,7 @@ from apps.artifacts import selectors as artifact_selectors
 from apps.artifacts import services as artifacts
 from apps.core.errors import GrapheneError as ServiceError
 from apps.pipelines import services
-from apps.pipelines.choices import TERMINAL, EntryStatus, RunStatus
+from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, TERMINAL, EntryStatus, RunStatus
 from apps.pipelines.engine.journal import _Suspend, is_uuid, result_of
 from apps.pipelines.engine.state import ExecutionState
 from apps.pipelines.models import Run
@@ -118,7 +118,7 @@ class ChildCalls(ExecutionState):
             blobs.discard(staged)  # a no-op once moved into the store
 
     def attach_artifact(self, name_or_id: str, pipeline: str | None) -> dict[str, Any]:
-        call = f"attach_artifact {name_or_id}" + (f" of {pipeline}" if pipeline else "")
+        call = f"{ATTACH_ARTIFACT_CALL}{name_or_id}" + (f" of {pipeline}" if pipeline else "")
         entry = self.journal.next(call)
         if entry is not None:
             if entry.status == EntryStatus.FAILED:
