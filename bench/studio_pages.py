@@ -9,7 +9,9 @@ most runs ended (succeeded, some failed or cancelled), a few running, suspended 
 Then requests every Studio page type as a logged-in superuser, through Django's test client
 in this process (routing, the session, the admin's frame, the queries, the templates — no
 network): the home page, the runs list (all, and filtered), a run's page (a random run each
-time), the pipelines list, a pipeline's page with its start form, the stands page. One
+time), the pipelines list, a pipeline's page with its start form, the stands page, the
+agents board (50 agents declared through the services, each with two capabilities), the
+artifacts list and a run's topology. One
 warm-up request each, then ``--reps`` timed ones; the query count of each page is taken once.
 
     .venv/bin/python bench/studio_pages.py [--reps 30] [--runs 10000]
@@ -39,6 +41,7 @@ PIPELINES = ["sample.tree", "sample.wait", "sample.step", "sample.studio", "samp
 STATUSES = [("succeeded", 0.8), ("failed", 0.1), ("cancelled", 0.05), ("running", 0.02), ("suspended", 0.02)]
 LOG_LINES = 1_000_000
 STANDS, HOLDINGS = 20, 10
+AGENTS = 50  # agent records, each with two capabilities (the agents board)
 
 
 def _status(rng: random.Random) -> str:
@@ -155,6 +158,18 @@ def build(runs: int) -> dict[str, Any]:
     return {"runs": [row[0] for row in run_rows], "records": len(record_ids) + STANDS * (HOLDINGS + 1)}
 
 
+def fleet(n: int) -> None:
+    """``n`` agents (through the services, as a pipeline declares them) with capabilities."""
+    from apps.agents import services as agents
+    from apps.records import services as records
+
+    owner = records.record_create_root(kind="graphene.run", name="fleet#1")
+    for i in range(n):
+        agent = agents.agent_record_declare(owner=owner, name=f"m{i:03d}", labels={"pool": "ci"})
+        agents.capability_publish(agent=agent, name="docker", version="27.1", labels={"arch": "amd64"})
+        agents.capability_publish(agent=agent, name="python", version="3.11")
+
+
 def timed(client: Any, path: str) -> float:
     began = time.perf_counter()
     response = client.get(path)
@@ -180,6 +195,7 @@ def main() -> None:
         made = build(args.runs)
         took = time.monotonic() - began
         log(f"loaded {args.runs} runs, {made['records']} records, {LOG_LINES} log lines in {took:.0f}s")
+        fleet(AGENTS)
         user = get_user_model().objects.create_superuser("bench", password=None)
         client = Client(HTTP_HOST="localhost")
         client.force_login(user)
@@ -192,6 +208,9 @@ def main() -> None:
             "pipelines": lambda: "/pipelines/",
             "pipeline": lambda: f"/pipelines/{rng.choice(PIPELINES)}/",
             "stands": lambda: "/stands/",
+            "agents": lambda: "/agents/",
+            "artifacts": lambda: "/artifacts/",
+            "topology": lambda: f"/topology/runs/{rng.choice(made['runs'])}/",
         }
         results: dict[str, float] = {}
         max_queries = 0
