@@ -187,7 +187,7 @@ def deadline(ctx: Context, inputs: Empty) -> None:
     ctx.sleep(60)
 
 
-# --- stands, ownership, concurrency and child runs (issue 5) -------------------------------
+# --- stands, ownership, concurrency and child runs ----------------------------------------
 
 
 class HandoffInputs(BaseModel):

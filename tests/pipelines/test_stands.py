@@ -1,4 +1,4 @@
-"""Stands and handoff, ownership in code, concurrency policies and child runs (issue 5).
+"""Stands and handoff, ownership in code, concurrency policies and child runs.
 
 Ownership and handoff are engine semantics, driven in-process (``drive``); the concurrency
 policies and child runs are about runs executing at the same time, on real worker processes.
