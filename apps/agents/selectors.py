@@ -154,17 +154,26 @@ def _describe_need(need: dict[str, Any]) -> str:
     return need["name"] + (f" ({', '.join(parts)})" if parts else "")
 
 
+def _published(capabilities: Any) -> str:
+    """What an agent publishes, shortly: ``docker 24, python 3.11``, or ``nothing``."""
+    names = [f"{c.name} {c.version}".strip() for c in capabilities]
+    return ", ".join(names) if names else "nothing"
+
+
 def agent_needs_unmet(*, agent: Record, needs: list[dict[str, Any]]) -> list[str]:
     """The needs (cleaned by ``services.needs_clean``) that ``agent``'s capabilities do not meet,
     each as a sentence naming what it found instead."""
-    offered = {c.name: c for c in AgentCapability.objects.filter(agent=agent, name__in=[n["name"] for n in needs])}
+    offered = {c.name: c for c in AgentCapability.objects.filter(agent=agent).order_by("name")}
     unmet = []
     for need in needs:
         capability = offered.get(need["name"])
         if _need_met(need, capability):
             continue
         if capability is None:
-            unmet.append(f"needs {_describe_need(need)}: the agent does not publish {need['name']!r}")
+            unmet.append(
+                f"needs {_describe_need(need)}: the agent does not publish {need['name']!r} "
+                f"(it publishes {_published(offered.values())})"
+            )
         else:
             values = {**capability.labels, "version": capability.version}
             found = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))

@@ -22,6 +22,8 @@ class Pipeline(TimeStampedModel):
     input_schema = models.JSONField(default=dict)
     output_schema = models.JSONField(null=True, blank=True)
     concurrency = models.CharField(max_length=20, default="parallel")
+    # With ``queue``: how many runs may wait their turn (a start beyond it is refused); None: any.
+    max_pending = models.PositiveIntegerField(null=True, blank=True)
     timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
     # False when the code defining it is no longer loaded: kept for its runs' history.
     is_loaded = models.BooleanField(default=True)
@@ -78,7 +80,7 @@ class Run(TimeStampedModel):
         ]
 
     def __str__(self) -> str:
-        return f"{self.pipeline_id}#{self.number}"
+        return f"{self.pipeline.name}#{self.number}"
 
 
 class RunEvent(models.Model):

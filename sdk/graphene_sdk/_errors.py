@@ -92,11 +92,16 @@ class ClientError(GrapheneError):
 
 
 class ChildRunFailed(GrapheneError):
-    """A child run started with ``ctx.run``/``ctx.run_all`` did not succeed."""
+    """A child run started with ``ctx.run``/``ctx.run_all`` did not succeed.
 
-    def __init__(self, message: str, *, failures: dict[str, str]) -> None:
+    ``failures`` maps each failed child's run id to why it ended; ``by_input`` maps the
+    position of its inputs in the list given to ``run_all`` (0 for ``ctx.run``) to the same.
+    """
+
+    def __init__(self, message: str, *, failures: dict[str, str], by_input: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.failures = failures
+        self.by_input = by_input or {}
 
 
 class ConcurrencyLimit(GrapheneError):

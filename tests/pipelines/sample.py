@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from django.conf import settings
-from graphene_sdk import Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
+from graphene_sdk import ChildRunFailed, Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
 from pydantic import BaseModel, Field
 
 
@@ -243,6 +243,7 @@ class ChildInputs(BaseModel):
     index: int
     seconds: float = 0.3
     tag: str = "children"
+    fail: bool = False
 
 
 class ChildOutput(BaseModel):
@@ -254,6 +255,8 @@ class ChildOutput(BaseModel):
 def child(ctx: Context, inputs: ChildInputs) -> ChildOutput:
     ctx.declare("test.sleep", f"scratch-{inputs.index}")
     ctx.step("work", _child_work, inputs.index, inputs.seconds, inputs.tag)
+    if inputs.fail:
+        raise RuntimeError(f"child {inputs.index} was told to fail")
     return ChildOutput(index=inputs.index, square=inputs.index**2)
 
 
@@ -269,19 +272,27 @@ class ParentInputs(BaseModel):
     concurrency: int = 3
     seconds: float = 0.3
     tag: str = "children"
+    failing: list[int] = []  # the children (by index) that fail
 
 
 class ParentOutput(BaseModel):
     squares: list[int]
+    failed: dict[int, str] = {}  # ChildRunFailed.by_input, when children failed
 
 
 @pipeline("sample.parent", inputs=ParentInputs)
 def parent(ctx: Context, inputs: ParentInputs) -> ParentOutput:
-    outputs = ctx.run_all(
-        child,
-        [ChildInputs(index=i, seconds=inputs.seconds, tag=inputs.tag) for i in range(inputs.count)],
-        concurrency=inputs.concurrency,
-    )
+    try:
+        outputs = ctx.run_all(
+            child,
+            [
+                ChildInputs(index=i, seconds=inputs.seconds, tag=inputs.tag, fail=i in inputs.failing)
+                for i in range(inputs.count)
+            ],
+            concurrency=inputs.concurrency,
+        )
+    except ChildRunFailed as exc:
+        return ParentOutput(squares=[], failed=exc.by_input)
     return ParentOutput(squares=[o.square for o in outputs])
 
 

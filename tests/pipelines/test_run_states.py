@@ -124,6 +124,8 @@ def test_a_parent_ending_cancels_its_children_with_the_reason(user: Any) -> None
         last = RunEvent.objects.filter(run=child).order_by("id").last()
         assert last is not None
         assert (last.to_status, last.reason) == ("cancelled", "ParentEnded")
+        # Runs are named pipeline#number in every message, never by the pipeline's row id.
+        assert Run.objects.get(pk=child.pk).error == f"its parent run sample.wait#{parent.number} ended (cancelled)"
 
 
 def test_the_api_lists_a_runs_status_history(api: APIClient, user: Any) -> None:

@@ -15,6 +15,7 @@ class PipelineOutput(serializers.ModelSerializer):
             "input_schema",
             "output_schema",
             "concurrency",
+            "max_pending",
             "timeout_seconds",
             "updated_at",
         ]

@@ -26,10 +26,16 @@ from apps.pipelines.models import Run
 def _children_outcome(pipeline: Definition[Any, Any], outcome: dict[str, Any]) -> list[Any]:
     failures: dict[str, str] = outcome.get("failures") or {}
     if failures:
-        lines = "; ".join(f"{run_id}: {why.splitlines()[-1] if why else ''}" for run_id, why in failures.items())
+        position = {run_id: index for index, run_id in enumerate(outcome["children"])}
+        by_input = {position[run_id]: why for run_id, why in failures.items()}
+        lines = "; ".join(
+            f"inputs[{position[run_id]}] (run {run_id}): {why.splitlines()[-1] if why else ''}"
+            for run_id, why in failures.items()
+        )
         raise ChildRunFailed(
             f"{len(failures)} of {len(outcome['children'])} {pipeline.name} run(s) did not succeed: {lines}",
             failures=failures,
+            by_input=by_input,
         )
     return list(outcome["outputs"])
 

@@ -70,6 +70,7 @@ def _pipeline_fields(definition: Definition[Any, Any]) -> dict[str, Any]:
         "input_schema": definition.input_schema(),
         "output_schema": definition.output_schema(),
         "concurrency": definition.concurrency,
+        "max_pending": definition.max_pending,
         "timeout_seconds": int(definition.timeout.total_seconds()) if definition.timeout else None,
         "is_loaded": True,
     }
