@@ -46,9 +46,18 @@ def run_list(
     created_before: datetime | None = None,
     finished_after: datetime | None = None,
     search: str | None = None,
+    parent: str | None = None,
 ) -> QuerySet[Run]:
-    """Runs the user may see. ``search``: a run id, or ``pipeline#number``."""
+    """Runs the user may see. ``search``: a run id, or ``pipeline#number``; ``parent``: the
+    child runs of that run (a run id)."""
     qs = run_visible(user=user)
+    if parent:
+        try:
+            qs = qs.filter(parent_run_id=uuid.UUID(str(parent)))
+        except ValueError:
+            raise ValidationFailed(
+                f"parent={parent!r} is not a run id (a UUID)", fields={"parent": ["not a UUID"]}
+            ) from None
     if pipeline:
         qs = qs.filter(pipeline__name=pipeline)
     if created_after:
