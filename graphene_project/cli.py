@@ -42,7 +42,7 @@ def setup_django(*, need_broker: bool) -> None:
 
     from apps.core import health
 
-    checks = [health.check_database()]
+    checks = [health.check_database(direct=True)]
     if need_broker:
         checks.append(health.check_broker())
     for check in checks:
@@ -200,11 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from graphene_project import process
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["manage"]:
+        process.declare(process.MANAGE)
         cmd_manage(argv[1:])
         return
     args, extra = build_parser().parse_known_args(argv)
+    # Before the settings load: they choose the database connections by process (web: a pool).
+    process.declare(args.command)
     if args.command == "worker":
         cmd_worker(args, extra)
     elif args.command == "beat":

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
@@ -37,16 +38,60 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-def check_database() -> Check:
+def _pool() -> Any:
+    """This process's connection pool (psycopg_pool's ConnectionPool), or None (not pooled)."""
     from django.db import connection
 
+    return getattr(connection, "pool", None)  # SQLite's backend has no pool at all
+
+
+def check_database(*, timeout: float = 3.0, direct: bool = False) -> Check:
+    """The database answers. A pooled process asks through its pool (waiting at most ``timeout``
+    for a connection), so the probe never opens a connection beyond the bound; ``direct`` opens
+    one of its own instead (the ``graphene`` command's pre-flight, before the pool exists), which
+    names the cause of a failure rather than the pool's timeout."""
+    from django.db import connection
+
+    pool = _pool()
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
+        if pool is not None and direct:
+            # get_connection_params() leaves the pool's options out.
+            with connection.Database.connect(**connection.get_connection_params()) as conn:
+                conn.execute("SELECT 1")
+        elif pool is not None:
+            pool.open()  # as Django would on the first request
+            with pool.connection(timeout=timeout) as conn:
+                conn.execute("SELECT 1")
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
     except Exception as exc:  # any driver error means "not ready"
         return Check("database", "GRAPHENE_DATABASE_URL", False, _first_line(exc))
     return Check("database", "GRAPHENE_DATABASE_URL", True, connection.vendor)
+
+
+def database_pool() -> dict[str, Any] | None:
+    """The state of this process's connection pool (the web's), or None when it has none:
+    connections open (``size``) and idle among them (``available``), requests ``waiting`` for
+    one now, the bounds, and since start-up the requests served, those that had to queue and
+    those that failed (timed out)."""
+    pool = _pool()
+    if pool is None:
+        return None
+    stats = pool.get_stats()
+    return {
+        "size": stats["pool_size"],
+        "available": stats["pool_available"],
+        "in_use": stats["pool_size"] - stats["pool_available"],
+        "waiting": stats["requests_waiting"],
+        "min": stats["pool_min"],
+        "max": stats["pool_max"],
+        "timeout_seconds": pool.timeout,
+        "requests": stats.get("requests_num", 0),
+        "queued": stats.get("requests_queued", 0),
+        "errors": stats.get("requests_errors", 0),
+    }
 
 
 def check_broker(timeout: float = 3.0) -> Check:
