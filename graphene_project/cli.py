@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 DEFAULT_SETTINGS = "graphene_project.settings.dev"
+LISTEN_BACKLOG = 1024
 
 
 def fail(message: str) -> NoReturn:
@@ -57,9 +58,13 @@ def serve(*, host: str, port: int, proxy_headers: bool) -> None:
 
     from graphene_project.asgi import application
 
+    # Twisted listens with a backlog of 50: a burst of more connections than that overflowed the
+    # kernel's accept queue, and some clients had theirs reset. 1024, as busy servers use (the
+    # kernel caps it at net.core.somaxconn).
+    endpoints = [f"{e}:backlog={LISTEN_BACKLOG}" for e in build_endpoint_description_strings(host=host, port=port)]
     Server(
         application=application,
-        endpoints=build_endpoint_description_strings(host=host, port=port),
+        endpoints=endpoints,
         signal_handlers=True,
         server_name="graphene",
         proxy_forwarded_address_header="X-Forwarded-For" if proxy_headers else None,

@@ -53,19 +53,52 @@ def check_database(*, timeout: float = 3.0, direct: bool = False) -> Check:
     from django.db import connection
 
     pool = _pool()
+    if pool is not None and not direct:
+        return _check_through_pool(pool, min(timeout, pool.timeout))
     try:
-        if pool is not None and direct:
+        if pool is not None:
             # get_connection_params() leaves the pool's options out.
             with connection.Database.connect(**connection.get_connection_params()) as conn:
-                conn.execute("SELECT 1")
-        elif pool is not None:
-            pool.open()  # as Django would on the first request
-            with pool.connection(timeout=timeout) as conn:
                 conn.execute("SELECT 1")
         else:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
                 cursor.fetchone()
+    except Exception as exc:  # any driver error means "not ready"
+        return Check("database", "GRAPHENE_DATABASE_URL", False, _first_line(exc))
+    return Check("database", "GRAPHENE_DATABASE_URL", True, connection.vendor)
+
+
+def _check_through_pool(pool: Any, timeout: float) -> Check:
+    from django.db import connection
+    from psycopg_pool import PoolTimeout
+
+    def busy() -> Check | None:
+        """Every connection the pool has opened is lent to a request (each is checked as it is
+        lent): the database answers. The probe does not borrow one then, or it would queue
+        behind the requests; and a busy process is not an unready one (with every replica busy,
+        a load balancer would be left with none). The pool's state on /readyz says how busy."""
+        stats = pool.get_stats()
+        if not stats["pool_size"] or stats["pool_available"]:
+            return None  # an idle connection to try, or none open yet: the probe borrows one
+        in_use = stats["pool_size"] - stats["pool_available"]
+        detail = f"{in_use} of {stats['pool_max']} connections in use, {stats['requests_waiting']} requests waiting"
+        return Check("database", "GRAPHENE_DATABASE_URL", True, f"{connection.vendor} ({detail})")
+
+    pool.open()  # as Django does on a request's first query
+    if found := busy():
+        return found
+    try:
+        with pool.connection(timeout=timeout) as conn:
+            conn.execute("SELECT 1")
+    except PoolTimeout:
+        # Busy meanwhile, or connections could have been opened and were not.
+        return busy() or Check(
+            "database",
+            "GRAPHENE_DATABASE_URL",
+            False,
+            f"the connection pool opened no connection within {timeout:g}s (is the database reachable?)",
+        )
     except Exception as exc:  # any driver error means "not ready"
         return Check("database", "GRAPHENE_DATABASE_URL", False, _first_line(exc))
     return Check("database", "GRAPHENE_DATABASE_URL", True, connection.vendor)
@@ -109,11 +142,14 @@ def check_broker(timeout: float = 3.0) -> Check:
 
 
 def check_channel_layer(timeout: float = 3.0) -> Check:
-    from channels.layers import get_channel_layer
+    from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
 
-    layer = get_channel_layer()
-    if layer is None:
+    if DEFAULT_CHANNEL_LAYER not in channel_layers.configs:
         return Check("channel_layer", "GRAPHENE_CHANNEL_LAYER_URL", False, "no channel layer configured")
+    # A layer of the probe's own, not the process's: closing its pools below must not close
+    # the connections the server's loop and the hints' sender are using (channels_redis's
+    # close_pools closes those of every event loop the layer has served).
+    layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
 
     async def roundtrip() -> None:
         channel = await layer.new_channel()
@@ -128,7 +164,7 @@ def check_channel_layer(timeout: float = 3.0) -> Check:
     except Exception as exc:
         return Check("channel_layer", "GRAPHENE_CHANNEL_LAYER_URL", False, _first_line(exc) or "timed out")
     finally:
-        # channels_redis keeps pools per event loop; drop the one asyncio.run just closed.
+        # channels_redis keeps pools per event loop; close the one of the loop asyncio.run made.
         close = getattr(layer, "close_pools", None)
         if close is not None:
             # A failed close must not turn a passing check into a failure.

@@ -114,8 +114,9 @@ GRAPHENE_PROCESS = process.current()
 # long-lived threads each and keep their connections (?conn_max_age= of the URL, default 60 s).
 # Size it so that web replicas x GRAPHENE_WEB_DB_POOL_MAX plus workers' and beat's connections
 # stay below PostgreSQL's max_connections.
-GRAPHENE_WEB_DB_POOL_MIN = env.integer("GRAPHENE_WEB_DB_POOL_MIN", 2)
 GRAPHENE_WEB_DB_POOL_MAX = env.integer("GRAPHENE_WEB_DB_POOL_MAX", 20)
+# Connections kept open while idle (default 2, or the bound when it is lower).
+GRAPHENE_WEB_DB_POOL_MIN = env.integer("GRAPHENE_WEB_DB_POOL_MIN", min(2, GRAPHENE_WEB_DB_POOL_MAX))
 GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS = env.integer("GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS", 10)
 # Checked in every process, so that a wrong bound shows before the web starts with it.
 _WEB_POOL = pool_options(
