@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -30,9 +32,10 @@ from apps.pipelines.models import Run
 from apps.records.models import Record
 from tests import factories
 from tests.harness.net import http, opener
-from tests.harness.processes import purge_queue
+from tests.harness.processes import REPO, process_env, purge_queue
 from tests.harness.wait import wait_for
 from tests.harness.web import ProductionWeb
+from tests.test_foundation import assert_one_line_error, prod_env, run_graphene
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -231,3 +234,64 @@ def test_a_request_that_finds_every_connection_in_use_past_the_timeout_answers_5
     status, ready = http("GET", f"{web.url}/readyz")
     assert status == 200, ready
     assert ready["database_pool"]["in_use"] == 0
+
+
+def _settings_of(code: str, **env: str) -> dict[str, Any]:
+    """The default database's settings in a fresh process that runs ``code`` first."""
+    show = (
+        "from django.conf import settings; import json; print(json.dumps(settings.DATABASES['default'], default=str))"
+    )
+    probe = f"{code}; {show}"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env=process_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_a_process_serving_asgi_pools_its_connections_and_workers_keep_theirs() -> None:
+    web = _settings_of("import graphene_project.asgi", GRAPHENE_WEB_DB_POOL_MAX="7")
+    assert web["CONN_MAX_AGE"] == 0  # Django's pool refuses persistent connections
+    assert web["OPTIONS"]["pool"] == {"min_size": 2, "max_size": 7, "timeout": 10.0, "name": "graphene-web"}
+    assert web["OPTIONS"]["application_name"] == "graphene-web"
+
+    for name in ("worker", "beat"):
+        kept = _settings_of(
+            f"from graphene_project import process; process.declare({name!r}); import django; django.setup()"
+        )
+        assert kept["CONN_MAX_AGE"] == 60
+        assert "pool" not in kept["OPTIONS"]
+        assert kept["OPTIONS"]["application_name"] == f"graphene-{name}"
+
+    # A process nobody named (celery -A graphene_project, manage.py) keeps its connections too;
+    # and an application name in the URL wins.
+    url = process_env()["GRAPHENE_DATABASE_URL"] + "?application_name=mine&conn_max_age=30"
+    plain = _settings_of("import django; django.setup()", GRAPHENE_DATABASE_URL=url)
+    assert plain["CONN_MAX_AGE"] == 30
+    assert "pool" not in plain["OPTIONS"]
+    assert plain["OPTIONS"]["application_name"] == "mine"
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"GRAPHENE_WEB_DB_POOL_MAX": "0"}, "GRAPHENE_WEB_DB_POOL_MAX=0 must be at least 1"),
+        (
+            {"GRAPHENE_WEB_DB_POOL_MAX": "4", "GRAPHENE_WEB_DB_POOL_MIN": "5"},
+            "GRAPHENE_WEB_DB_POOL_MIN=5 must be between",
+        ),
+        ({"GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS": "0"}, "GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS=0 must be at least 1"),
+        ({"GRAPHENE_WEB_DB_POOL_MAX": "many"}, "GRAPHENE_WEB_DB_POOL_MAX='many' is not an integer"),
+    ],
+)
+def test_a_pool_bound_that_cannot_work_stops_graphene_web_at_once(
+    env: dict[str, str], says: str, tmp_path: Path
+) -> None:
+    line = assert_one_line_error(run_graphene(["web", "--port", "1"], prod_env(tmp_path, **env)), says.split("=")[0])
+    assert says in line
