@@ -4,6 +4,7 @@
     graphene web       the ASGI server (daphne) only
     graphene worker    a Celery worker process
     graphene beat      the Celery beat scheduler
+    graphene token     print a user's API token (creating or rotating it)
     graphene manage    any ``manage.py`` command
 
 Each command checks its settings, database and broker first and exits with status 2 and a
@@ -13,6 +14,8 @@ one-line message naming the setting to fix instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import socket
 import sys
@@ -169,6 +172,32 @@ def cmd_beat(args: argparse.Namespace, extra: Sequence[str]) -> None:
     app.start(["beat", "--loglevel", args.loglevel, "-s", settings.CELERY_BEAT_SCHEDULE_FILENAME, *extra])
 
 
+def cmd_token(args: argparse.Namespace) -> None:
+    """Print USERNAME's API token alone on stdout (for ``TOKEN=$(graphene token admin)``); what
+    this call changed goes to stderr."""
+    setup_django(need_broker=False)
+    from apps.core.errors import GrapheneError
+    from apps.core.services import api_token_issue
+
+    try:
+        issued = api_token_issue(username=args.username, create_user=args.create_user, rotate=args.rotate)
+    except GrapheneError as exc:
+        fail(exc.detail)
+    if args.output == "json":
+        print(json.dumps(dataclasses.asdict(issued)))
+    else:
+        print(issued.token)
+    notes = []
+    if issued.created_user:
+        notes.append(f"created user {issued.username!r} (API only: no password, not staff)")
+    if issued.rotated:
+        notes.append(f"replaced {issued.username!r}'s token: the previous one no longer authenticates")
+    elif issued.created_token:
+        notes.append(f"created a token for {issued.username!r}")
+    for note in notes:
+        print(f"graphene: {note}", file=sys.stderr)
+
+
 def cmd_manage(extra: Sequence[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
     if extra[:1] == ["migrate"]:
@@ -200,6 +229,25 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--loglevel", default="INFO")
     beat = sub.add_parser("beat", help="run the periodic scheduler (TTL, retries, sweeps)")
     beat.add_argument("--loglevel", default="INFO")
+    token = sub.add_parser(
+        "token",
+        help="print a user's API token (the same one each time unless --rotate)",
+        description="Print USERNAME's API token for the REST API, graphenectl and the SDK "
+        "('Authorization: Token <token>'). Each user has one token: it is created on first use and "
+        "printed again unchanged afterwards, unless --rotate replaces it. Needs the database only.",
+    )
+    token.add_argument("username", metavar="USERNAME")
+    token.add_argument(
+        "--create-user",
+        action="store_true",
+        help="create USERNAME if missing, as an API-only account (no password, not staff)",
+    )
+    token.add_argument(
+        "--rotate", action="store_true", help="replace the token with a new one; the old one stops working"
+    )
+    token.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text: the token alone (default); json"
+    )
     sub.add_parser("manage", help="run a manage.py command, e.g. 'graphene manage migrate'", add_help=False)
     return parser
 
@@ -225,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         cmd_up(args)
     elif args.command == "web":
         cmd_web(args)
+    elif args.command == "token":
+        cmd_token(args)
 
 
 if __name__ == "__main__":
