@@ -57,8 +57,10 @@ def check_database(*, timeout: float = 3.0, direct: bool = False) -> Check:
         return _check_through_pool(pool, min(timeout, pool.timeout))
     try:
         if pool is not None:
+            import psycopg
+
             # get_connection_params() leaves the pool's options out.
-            with connection.Database.connect(**connection.get_connection_params()) as conn:
+            with psycopg.connect(**connection.get_connection_params()) as conn:
                 conn.execute("SELECT 1")
         else:
             with connection.cursor() as cursor:

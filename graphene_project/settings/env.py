@@ -89,7 +89,7 @@ def database_from_url(
     name = unquote(parts.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured(f"{setting} names no database; use postgresql://user:password@host:5432/name")
-    options = dict(parse_qsl(parts.query))
+    options: dict[str, Any] = dict(parse_qsl(parts.query))
     try:
         conn_max_age = int(options.pop("conn_max_age", "60"))
         connect_timeout = int(options.pop("connect_timeout", "5"))
