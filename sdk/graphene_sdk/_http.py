@@ -14,7 +14,6 @@ import json
 import queue
 import socket
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -202,7 +201,14 @@ class Paged(Generic[T]):
     Nothing is fetched before you iterate; iterating again starts from the first page."""
 
     def __init__(
-        self, transport: Transport, path: str, params: Params, parse: Callable[[dict[str, Any]], T], *, page_size: int
+        self,
+        transport: Transport,
+        path: str,
+        params: Params,
+        parse: Callable[[dict[str, Any]], T],
+        *,
+        page_size: int,
+        keep: Callable[[T], bool] | None = None,
     ) -> None:
         if not 1 <= page_size <= 1000:
             raise ValueError(f"page_size must be between 1 and 1000, not {page_size}")
@@ -210,7 +216,7 @@ class Paged(Generic[T]):
         self._path = path
         self._params = {**params, "limit": page_size}
         self._parse = parse
-        self.keep: Callable[[T], bool] = lambda _: True
+        self._keep = keep
 
     def pages(self) -> Iterator[Page[T]]:
         url: str | None = self._transport.url(self._path, self._params)
@@ -218,7 +224,9 @@ class Paged(Generic[T]):
             body = self._transport.get(url)
             if isinstance(body, list):  # an unpaginated listing is one page
                 body = {"results": body, "next": None}
-            items = tuple(item for item in map(self._parse, body.get("results", [])) if self.keep(item))
+            items = tuple(map(self._parse, body.get("results", [])))
+            if self._keep is not None:  # what the server lists but the caller did not ask for
+                items = tuple(filter(self._keep, items))
             url = body.get("next")
             yield Page(items, url)
 
@@ -307,16 +315,13 @@ class EventStream:
                 self._read_once()
                 delay = 0.2  # a connection that worked: reconnect at once
             except ClientError as exc:
-                if exc.status in (0,) or exc.status >= 500:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-                self._events.put(exc)
-                return
-            except (OSError, http.client.HTTPException):
-                if self._closed.is_set():
-                    break
-                time.sleep(delay)
+                if exc.status != 0 and exc.status < 500:  # refused (404, 401): it will not get better
+                    self._events.put(exc)
+                    return
+                self._closed.wait(delay)  # unreachable or failing: try again, backing off
+                delay = min(delay * 2, 5.0)
+            except (OSError, http.client.HTTPException):  # the connection dropped
+                self._closed.wait(delay)
                 delay = min(delay * 2, 5.0)
         self._events.put(_END)
 

@@ -32,6 +32,9 @@ from graphene_sdk._models import (
     TreeNode,
 )
 
+# How long ``logs.follow`` rides out a server that cannot be reached before it raises.
+FOLLOW_OUTAGE_SECONDS = 60.0
+
 Severity = Literal["debug", "info", "warning", "error"]
 Labels = Mapping[str, str] | Iterable[str]
 
@@ -99,10 +102,8 @@ class Records:
             "label": _labels(labels),
             "name_prefix": name_prefix,
         }
-        paged = Paged(self._t, "records/", params, RecordInfo.from_api, page_size=page_size)
-        if not phases and not include_deleted:
-            paged.keep = lambda r: r.phase != "deleted"
-        return paged
+        alive = None if phases or include_deleted else (lambda r: r.phase != "deleted")
+        return Paged(self._t, "records/", params, RecordInfo.from_api, page_size=page_size, keep=alive)
 
     def get(self, record_id: str) -> RecordInfo:
         """One record, with its owner chain and the counts of what it owns."""
@@ -184,8 +185,9 @@ class Logs:
         check_every: float = 1.0,
     ) -> Iterator[LogLine]:
         """Lines as they are written, over the server's event stream (reconnecting after a
-        dropped connection without losing or repeating a line). It starts with the first line,
-        the last ``tail`` lines, or after line id ``after``.
+        dropped connection, or a server restart of up to a minute, without losing or repeating
+        a line). It starts with the first line, the last ``tail`` lines, or after line id
+        ``after``.
 
         For a run's record it ends once the run has ended and its last line was yielded; for
         another record, once the record is deleted. Stop earlier by leaving the loop (or
@@ -198,6 +200,7 @@ class Logs:
         last_id = after or 0
         try:
             ended = self._ended_check(record)
+            failing_since: float | None = None
             next_check = time.monotonic() + check_every
             while True:
                 event = stream.get(timeout=next_check - time.monotonic())
@@ -207,8 +210,18 @@ class Logs:
                         last_id = line.id
                         yield line
                 if time.monotonic() >= next_check:
-                    if ended():
-                        break
+                    try:
+                        if ended():
+                            break
+                        failing_since = None
+                    except ClientError as exc:
+                        # A server restarting: the stream reconnects by itself; give up only
+                        # once the server has been unreachable (or failing) for a while.
+                        if exc.status != 0 and exc.status < 500:
+                            raise
+                        failing_since = failing_since or time.monotonic()
+                        if time.monotonic() - failing_since > FOLLOW_OUTAGE_SECONDS:
+                            raise
                     next_check = time.monotonic() + check_every
             # Ended: what was written before the end may still be on its way. The newest line
             # (as filtered) is where to stop.

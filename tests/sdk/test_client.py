@@ -23,6 +23,7 @@ from graphene_sdk import (
 )
 from rest_framework.authtoken.models import Token
 
+from apps.observability.models import LogLine as StoredLine
 from tests.conftest import wait_for
 from tests.harness.web import WebServer
 from tests.pipelines.sample import ChatterInputs, ChatterOutput, chatter
@@ -293,3 +294,21 @@ def test_server_errors_keep_their_shape(client: Client, workers: Any) -> None:
         refused.records.list().first(1)
     assert unauthorized.value.status == 401
     assert "graphenectl login" in str(unauthorized.value)
+
+
+@pytest.mark.own_web  # it restarts the server
+def test_a_follow_rides_out_a_server_restart_without_losing_or_repeating_a_line(
+    client: Client, web: WebServer, workers: Any
+) -> None:
+    handle = client.start(chatter, ChatterInputs(lines=6, gap_ms=400))
+    record = wait_for(lambda: handle.get().record, timeout=30, what="the run's record")
+    followed: list[LogLine] = []
+    for line in client.logs.follow(record, check_every=0.2):
+        followed.append(line)
+        if line.message == "chatter line 1":
+            web.kill()  # SIGKILL: the stream drops; the run goes on writing lines meanwhile
+            wait_for(lambda: StoredLine.objects.filter(message="chatter line 2").exists(), timeout=30)
+            web.start()
+    assert messages(followed) == [f"chatter line {i}" for i in range(6)]
+    assert len({line.id for line in followed}) == len(followed), "each line once"
+    assert handle.get().status == "succeeded"
