@@ -10,7 +10,7 @@ report = run.result()                                    # the pipeline's output
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -116,7 +116,9 @@ class Client:
         """``runs.resume``."""
         return self.runs.resume(run_id)
 
-    def watch(self, run_id: str, *, interval: float = 0.5, timeout: float | None = None) -> Iterator[RunEvent]:
+    def watch(
+        self, run_id: str, *, interval: float = 0.5, timeout: float | None = None
+    ) -> Generator[RunEvent, None, None]:
         """``runs.watch``: the run's status moves, until the one that ends it."""
         return self.runs.watch(run_id, interval=interval, timeout=timeout)
 
@@ -142,7 +144,7 @@ class RunHandle(Generic[R]):
     def wait(self, *, timeout: float = 600.0) -> RunInfo:
         return self.client.runs.wait(self.id, timeout=timeout)
 
-    def watch(self, *, interval: float = 0.5, timeout: float | None = None) -> Iterator[RunEvent]:
+    def watch(self, *, interval: float = 0.5, timeout: float | None = None) -> Generator[RunEvent, None, None]:
         return self.client.runs.watch(self.id, interval=interval, timeout=timeout)
 
     def cancel(self) -> RunInfo:

@@ -13,7 +13,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
@@ -118,9 +118,24 @@ class Records:
         return Paged(self._t, f"records/{record_id}/events/", {}, RecordEvent.from_api, page_size=page_size)
 
 
+LogSource = str | RecordInfo | RunInfo
+
+
+def _log_record(of: LogSource) -> str:
+    """The record whose log to read: a record id, a record, or a run (its root record)."""
+    if isinstance(of, RecordInfo):
+        return of.id
+    if isinstance(of, RunInfo):
+        if of.record is None:
+            raise ClientError(f"run {of.id} has no record yet; try again in a moment", status=409, code="conflict")
+        return of.record
+    return of
+
+
 class Logs:
     """A record's log lines (by default with those of everything it owns): all of them, the
-    last N, or followed live."""
+    last N, or followed live. ``of``: a record id, a ``RecordInfo``, or a ``RunInfo`` (the
+    run's log: its root record's, with the lines of everything it owns)."""
 
     def __init__(self, transport: Transport) -> None:
         self._t = transport
@@ -143,7 +158,7 @@ class Logs:
 
     def list(
         self,
-        record_id: str,
+        of: LogSource,
         *,
         grep: str | None = None,
         severity: Severity | None = None,
@@ -154,12 +169,13 @@ class Logs:
     ) -> Paged[LogLine]:
         """Every line, oldest first. ``grep``: lines containing the text (any case);
         ``severity``: at least this one; ``since``/``until``: a time window."""
+        record_id = _log_record(of)
         params = self._filters(grep, severity, since, until, descendants)
         return Paged(self._t, f"records/{record_id}/logs/", params, LogLine.from_api, page_size=page_size)
 
     def tail(
         self,
-        record_id: str,
+        of: LogSource,
         lines: int = 100,
         *,
         grep: str | None = None,
@@ -169,13 +185,14 @@ class Logs:
         descendants: bool = True,
     ) -> builtins.list[LogLine]:
         """The last ``lines`` lines (1-10000), oldest first."""
+        record_id = _log_record(of)
         params = {**self._filters(grep, severity, since, until, descendants), "tail": lines}
         body = self._t.get(f"records/{record_id}/logs/", params)
         return [LogLine.from_api(item) for item in body.get("results", [])]
 
     def follow(
         self,
-        record_id: str,
+        of: LogSource,
         *,
         tail: int | None = None,
         after: int | None = None,
@@ -183,7 +200,7 @@ class Logs:
         severity: Severity | None = None,
         descendants: bool = True,
         check_every: float = 1.0,
-    ) -> Iterator[LogLine]:
+    ) -> Generator[LogLine, None, None]:
         """Lines as they are written, over the server's event stream (reconnecting after a
         dropped connection, or a server restart of up to a minute, without losing or repeating
         a line). It starts with the first line, the last ``tail`` lines, or after line id
@@ -193,6 +210,7 @@ class Logs:
         another record, once the record is deleted. Stop earlier by leaving the loop (or
         ``close()`` on the iterator); the connection is closed either way. ``check_every``:
         seconds between looks at whether the run (or record) has ended."""
+        record_id = _log_record(of)
         record = RecordInfo.from_api(self._t.get(f"records/{record_id}/"))
         filters = self._filters(grep, severity, None, None, descendants)
         params = {**filters, "tail": tail, "after": after}
@@ -299,7 +317,9 @@ class Runs:
         """Run an ended run again by replay: nothing journaled is redone (409 if it succeeded)."""
         return RunInfo.from_api(self._t.post(f"runs/{run_id}/resume/"))
 
-    def watch(self, run_id: str, *, interval: float = 0.5, timeout: float | None = None) -> Iterator[RunEvent]:
+    def watch(
+        self, run_id: str, *, interval: float = 0.5, timeout: float | None = None
+    ) -> Generator[RunEvent, None, None]:
         """The run's status moves as they happen, from its first; ends after the move that
         ends the run (``event.is_final``). ``TimeoutError`` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -18,6 +18,7 @@ from graphene_sdk import (
     Paged,
     RecordInfo,
     RunEvent,
+    RunHandle,
     RunInfo,
     StandSummary,
 )
@@ -44,6 +45,13 @@ def client(web: WebServer, token: str, monkeypatch: pytest.MonkeyPatch, tmp_path
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
     return Client(web.url, token=token)
+
+
+def run_record(handle: RunHandle[Any]) -> str:
+    """The run's root record (where its log and tree hang)."""
+    record = wait_for(lambda: handle.get().record, timeout=30, what="the run's record")
+    assert record is not None
+    return record
 
 
 def messages(lines: list[LogLine]) -> list[str]:
@@ -167,7 +175,7 @@ def test_runs_are_listed_read_watched_cancelled_and_resumed(client: Client, work
 
 def test_a_run_log_is_tailed_listed_and_followed_live_until_the_run_ends(client: Client, workers: Any) -> None:
     handle = client.start(chatter, ChatterInputs(lines=4, gap_ms=300))
-    record = wait_for(lambda: handle.get().record, timeout=30, what="the run's record")
+    record = run_record(handle)
 
     followed: list[LogLine] = []
     live_while_running = None
@@ -184,7 +192,8 @@ def test_a_run_log_is_tailed_listed_and_followed_live_until_the_run_ends(client:
     everything = list(client.logs.list(record))
     assert [line.id for line in everything] == [line.id for line in followed]
     assert [line.id for line in client.logs.list(record, page_size=2)] == [line.id for line in everything]
-    assert messages(client.logs.tail(record, 2)) == ["chatter line 2", "chatter line 3"]
+    assert messages(client.logs.tail(handle.get(), 2)) == ["chatter line 2", "chatter line 3"]  # a RunInfo
+    assert client.logs.tail(client.records.get(record), 2) == client.logs.tail(record, 2)  # a RecordInfo
     assert messages(client.logs.tail(record, 10, grep="LINE 1")) == ["chatter line 1"]
     assert client.logs.tail(record, 5, severity="error") == []
     # The run has ended: a follow shows the last lines and returns.
@@ -195,7 +204,7 @@ def test_a_run_log_is_tailed_listed_and_followed_live_until_the_run_ends(client:
 
 def test_following_a_run_can_be_left_early_and_ends_on_a_cancel(client: Client, workers: Any) -> None:
     handle = client.start(chatter, ChatterInputs(lines=2, hold=True))
-    record = wait_for(lambda: handle.get().record, timeout=30, what="the run's record")
+    record = run_record(handle)
     stream = client.logs.follow(record)
     assert next(stream).message == "chatter line 0"
     stream.close()  # leaving early closes the connection and stops its reader
@@ -220,6 +229,7 @@ def test_stands_are_listed_and_read(client: Client, workers: Any) -> None:
         return mine if (mine.holdings, mine.records) == (1, 2) else None
 
     held = wait_for(summary, timeout=30, what="the first run's holding to be deleted")
+    assert held is not None
     stand = client.stands.get("sample.chatter")
     assert stand.id == held.id
     [holding] = stand.holdings
@@ -251,7 +261,8 @@ def test_artifacts_are_put_found_read_and_downloaded(client: Client, workers: An
     from_file = client.artifacts.put(source, name="dist/build.bin", owner=owner)
     assert from_file.size == source.stat().st_size
 
-    got = wait_for(lambda: client.artifacts.get(put.id) if client.artifacts.get(put.id).phase == "ready" else None)
+    wait_for(lambda: client.artifacts.get(put.id).phase == "ready", what="the artifact to be ready")
+    got = client.artifacts.get(put.id)
     assert (got.id, got.name, got.sha256, got.labels) == (put.id, put.name, put.sha256, put.labels)
     assert client.artifacts.find("reports/today.txt").id == put.id
     assert client.artifacts.find("reports/today.txt", pipeline="sample.chatter").id == put.id
@@ -301,7 +312,7 @@ def test_a_follow_rides_out_a_server_restart_without_losing_or_repeating_a_line(
     client: Client, web: WebServer, workers: Any
 ) -> None:
     handle = client.start(chatter, ChatterInputs(lines=6, gap_ms=400))
-    record = wait_for(lambda: handle.get().record, timeout=30, what="the run's record")
+    record = run_record(handle)
     followed: list[LogLine] = []
     for line in client.logs.follow(record, check_every=0.2):
         followed.append(line)
