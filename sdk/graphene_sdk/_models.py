@@ -210,8 +210,9 @@ class JournalEntry:
 @dataclass(frozen=True)
 class RunInfo:
     """A run as the server reports it. ``record`` is the root record of what it owns (its log
-    and tree hang there). ``journal`` is filled by ``runs.get`` (at most the first 1000
-    calls, ``journal_truncated`` says if there are more), empty otherwise."""
+    and tree hang there); ``parent`` is the run that started it (``ctx.run``), if any.
+    ``journal`` is filled by ``runs.get`` (at most the first 1000 calls,
+    ``journal_truncated`` says if there are more), empty otherwise."""
 
     id: str
     pipeline: str
@@ -231,6 +232,7 @@ class RunInfo:
     finished_at: datetime | None = None
     journal: tuple[JournalEntry, ...] = ()
     journal_truncated: bool = False
+    parent: str | None = None
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> RunInfo:
@@ -255,6 +257,7 @@ class RunInfo:
             finished_at=_time(run.get("finished_at")),
             journal=tuple(JournalEntry.from_api(e) for e in data.get("journal") or []),
             journal_truncated=bool(data.get("journal_truncated")),
+            parent=_str_or_none(run.get("parent")),
         )
 
     @property

@@ -295,10 +295,15 @@ class Runs:
         self._t = transport
 
     def list(
-        self, *, pipeline: str | None = None, status: str | Iterable[str] | None = None, page_size: int = 100
+        self,
+        *,
+        pipeline: str | None = None,
+        status: str | Iterable[str] | None = None,
+        parent: str | None = None,
+        page_size: int = 100,
     ) -> Paged[RunInfo]:
-        """Runs newest first, of one pipeline and in some statuses if asked."""
-        params: Params = {"pipeline": pipeline, "status": _csv(status)}
+        """Runs newest first: of one pipeline, in some statuses, started by run ``parent``."""
+        params: Params = {"pipeline": pipeline, "status": _csv(status), "parent": parent}
         return Paged(self._t, "runs/", params, RunInfo.from_api, page_size=page_size)
 
     def get(self, run_id: str) -> RunInfo:

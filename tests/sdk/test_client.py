@@ -164,6 +164,11 @@ def test_runs_are_listed_read_watched_cancelled_and_resumed(client: Client, work
     assert moves.count("failed") == 2
     assert "queued" in moves[moves.index("failed") :]
 
+    parent = client.start_by_name("sample.parent", {"count": 2, "concurrency": 2, "seconds": 0.05})
+    assert parent.wait(timeout=60).status == "succeeded"
+    children = list(client.runs.list(parent=parent.id))
+    assert sorted((c.pipeline, c.parent, c.status) for c in children) == [("sample.child", parent.id, "succeeded")] * 2
+
     succeeded = client.start(chatter, ChatterInputs(lines=0))
     succeeded.wait(timeout=60)
     with pytest.raises(ClientError) as refused:
