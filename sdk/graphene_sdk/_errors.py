@@ -82,13 +82,36 @@ class RunCancelled(GrapheneError):
 
 
 class ClientError(GrapheneError):
-    """The Graphene server refused a client request; ``fields`` has per-field errors."""
+    """A ``Client`` request failed. The server's answer, when there was one, in its error shape:
+    ``status`` (HTTP; 0 when the server could not be reached), ``code`` (its ``error``: for
+    example ``not_found``, ``validation_failed``, ``conflict``), ``detail`` (its text) and
+    ``fields`` (per-field messages, e.g. ``{"inputs.branch": ["..."]}``)."""
 
-    def __init__(self, message: str, *, status: int, code: str = "", fields: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str = "",
+        detail: str = "",
+        fields: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.detail = detail or message
         self.fields = fields or {}
+
+
+class ConfigError(GrapheneError):
+    """No server or token could be found (no context, no ``GRAPHENE_SERVER``/``GRAPHENE_TOKEN``),
+    a context that does not exist was named, or the contexts file cannot be read. ``hint`` says
+    what to run; ``is_usage`` is true when the caller named something wrong."""
+
+    def __init__(self, message: str, *, hint: str | None = None, is_usage: bool = False) -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.is_usage = is_usage
 
 
 class ChildRunFailed(GrapheneError):

@@ -444,3 +444,35 @@ class FormInputs(BaseModel):
 def form(ctx: Context, inputs: FormInputs) -> None:
     """Takes every kind of input (the Studio's start form); does nothing with them."""
     ctx.log(f"started on {inputs.branch}")
+
+
+class ChatterInputs(BaseModel):
+    lines: int = Field(default=3, ge=0, le=100)
+    gap_ms: int = Field(default=0, ge=0, le=5000)
+    hold: bool = False
+    fail: bool = False
+
+
+class ChatterOutput(BaseModel):
+    lines: int
+
+
+@pipeline("sample.chatter", inputs=ChatterInputs)
+def chatter(ctx: Context, inputs: ChatterInputs) -> ChatterOutput:
+    """What the SDK client's tests read: labelled records (``env`` with ``inner`` is handed to
+    the stand), log lines ``gap_ms`` apart (durable sleeps), then, with ``hold``, a long sleep
+    (until cancelled); with ``fail``, an error at the end."""
+    env = ctx.declare("test.sleep", "env", labels={"team": "sdk", "role": "db"})
+    ctx.declare("test.sleep", "inner", parent=env, labels={"team": "sdk"})
+    ctx.declare("test.sleep", "cache", labels={"team": "web"})
+    env.ready()
+    for i in range(inputs.lines):
+        ctx.log(f"chatter line {i}")
+        if inputs.gap_ms:
+            ctx.sleep(inputs.gap_ms / 1000)
+    ctx.to_stand(env, keep_for=timedelta(hours=1), replace=True)
+    if inputs.hold:
+        ctx.sleep(timedelta(minutes=10))
+    if inputs.fail:
+        raise RuntimeError("asked to fail")
+    return ChatterOutput(lines=inputs.lines)
