@@ -239,6 +239,8 @@ def _metrics(request: HttpRequest, record: Record) -> dict[str, Any]:
         "charts": [line_chart(s, start=query.start, end=query.end) for s in body["series"]],
         "names": body["names"],
         "step_seconds": query.step,
+        "start": query.start,
+        "end": query.end,
         "truncated": body["truncated"],
     }
 
