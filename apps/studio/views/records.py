@@ -28,9 +28,9 @@ from apps.studio.views.common import render, waterfall
 from apps.studio.views.stands import EXTEND_CHOICES
 from kinds import registry
 
-ROOTS_PER_PAGE = 25
+ROOTS_PER_PAGE = 20
 # Below each root the list shows this many records in tree order, then how many more there are.
-PER_TREE = 30
+PER_TREE = 15
 ROWS_PER_PAGE = 50
 EVENTS_SHOWN = 100
 CHILDREN_SHOWN = 200
