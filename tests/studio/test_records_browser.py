@@ -33,6 +33,7 @@ def test_each_inspector_tab_and_a_delete_through_its_confirmation_page(studio: B
     run = services.run_start(pipeline_name="sample.studio", inputs={"parts": 2, "create_ms": 0, "lines": 3})
     asleep = Run.objects.filter(pk=run.pk, status="suspended", wake_at__isnull=False)
     wait_for(asleep.exists, what="the run to declare its parts, log and sleep")
+    assert run.record_id is not None
     root = Record.objects.get(pk=run.record_id)
     part = Record.objects.get(parent=root, name="part-0")
     now = timezone.now()
