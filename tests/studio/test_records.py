@@ -311,3 +311,14 @@ def test_the_records_pages_take_the_admins_view_permission(django_user_model: An
     client.force_login(django_user_model.objects.get(pk=staff.pk))
     for page in pages:
         assert client.get(page).status_code == 200, page
+
+
+def test_a_stand_holding_is_released_from_the_stands_page(studio: Client) -> None:
+    stand = pipelines.stand_get("sample.handoff")
+    _root, (held,) = tree("sample.handoff#1", 1)
+    records.record_transfer(record=held, new_owner=stand, expires_at=timezone.now() + timedelta(minutes=30))
+    assert 'value="release"' in studio.get("/stands/").content.decode()
+    done = studio.post("/stands/", {"pipeline": "sample.handoff", "record": str(held.pk), "do": "release"}, follow=True)
+    assert "is kept until someone deletes it" in done.content.decode()
+    assert Record.objects.get(pk=held.pk).expires_at is None
+    assert f'data-record="{held.pk}"' in done.content.decode()  # still held, without a TTL
