@@ -309,6 +309,7 @@ def adopt(ctx: Context, inputs: Empty) -> None:
 
 class AgentInputs(BaseModel):
     env_path: str
+    secret: str = ""  # with a name: a third command gets that secret in its environment
 
 
 class AgentOutput(BaseModel):
@@ -316,6 +317,7 @@ class AgentOutput(BaseModel):
     stdout: str
     stderr: str
     greeting: str
+    secret_digest: str = ""
 
 
 def _write_private(path: str, text: str) -> str:
@@ -332,8 +334,16 @@ def on_a_machine(ctx: Context, inputs: AgentInputs) -> AgentOutput:
     ctx.step("install", _write_private, inputs.env_path, box.install_env())
     first = box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
     second = box.exec(["sh", "-c", 'echo "$GREETING from $(pwd)"'], env={"GREETING": "hello"}, cwd="/tmp")
+    digest = ""
+    if inputs.secret:  # the value reaches the program; only its digest comes back
+        script = 'printf %s "$TOKEN" | sha256sum | cut -d" " -f1'
+        digest = box.exec(["sh", "-c", script], env={"TOKEN": ctx.secret(inputs.secret), "PLAIN": "x"}).stdout_tail
     return AgentOutput(
-        exit_code=first.exit_code, stdout=first.stdout_tail, stderr=first.stderr_tail, greeting=second.stdout_tail
+        exit_code=first.exit_code,
+        stdout=first.stdout_tail,
+        stderr=first.stderr_tail,
+        greeting=second.stdout_tail,
+        secret_digest=digest.strip(),
     )
 
 

@@ -30,6 +30,7 @@ from apps.agents.services.commands import (
     command_submit,
     command_take,
     commands_deliver,
+    logs_beyond_subtree,
     record_wake_on_command,
 )
 from apps.agents.services.connection import agent_connect, agent_disconnect, agent_heartbeat, agents_mark_lost
@@ -86,6 +87,7 @@ __all__ = [
     "command_submit",
     "command_take",
     "commands_deliver",
+    "logs_beyond_subtree",
     "needs_clean",
     "record_wake_on_command",
     "terminal_closed",
