@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphenectl._errors import EXIT_RUN_FAILED, CliError
-from graphenectl._output import note, plain_error
+from graphenectl._output import error_summary, info, note, plain_error
 from graphenectl._session import session
 from graphenectl._time import between
 
@@ -34,17 +34,21 @@ def outcome(run: dict[str, Any]) -> str:
     took = between(run.get("started_at"), run.get("finished_at"))
     if run["status"] == "succeeded":
         return f"succeeded in {took}"
-    error = plain_error(str(run.get("error") or "")).strip().splitlines()
-    return f"{run['status']} after {took}: {error[0] if error else 'no error message'}"
+    return f"{run['status']} after {took}: {error_summary(str(run.get('error') or '')) or 'no error message'}"
 
 
 def finish(run: dict[str, Any]) -> None:
-    """Say how the run ended, as the last line on stderr; exit 4 unless it succeeded."""
+    """Say how the run ended, as the last lines on stderr; exit 4 unless it succeeded.
+
+    A failure's whole error (a traceback) comes first, then one line with what was raised."""
     if run["status"] == "succeeded":
         note(f"run {title(run)} {outcome(run)}; its result: graphenectl run result {run['id']}")
         return
+    error = plain_error(str(run.get("error") or "")).strip()
+    if "\n" in error:
+        info(error)
     raise CliError(
-        f"run {title(run)} {run['status']}: {plain_error(str(run.get('error') or 'no error message'))}",
+        f"run {title(run)} {run['status']}: {error_summary(error) or 'no error message'}",
         exit_code=EXIT_RUN_FAILED,
         hint=f"graphenectl logs run/{run['id']} · graphenectl describe run/{run['id']}",
     )

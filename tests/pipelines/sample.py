@@ -443,3 +443,29 @@ class FormInputs(BaseModel):
 def form(ctx: Context, inputs: FormInputs) -> None:
     """Takes every kind of input (the Studio's start form); does nothing with them."""
     ctx.log(f"started on {inputs.branch}")
+
+
+class CliInputs(BaseModel):
+    lines: int = Field(default=2, ge=0, le=100)
+    hold_seconds: float = Field(default=0, ge=0)
+    fail: bool = False
+
+
+class CliRefused(Exception):
+    """Raised by ``sample.cli``: a class of the pipeline's own module, named by its path in a
+    traceback (``tests.pipelines.sample.CliRefused``)."""
+
+
+@pipeline("sample.cli", inputs=CliInputs)
+def cli(ctx: Context, inputs: CliInputs) -> None:
+    """What graphenectl's tests watch: a record owning another, log lines, a durable pause, and
+    a failure of the program's own."""
+    box = ctx.declare("test.sleep", "box", {"create_ms": 100})
+    ctx.declare("test.sleep", "inner", parent=box)
+    box.ready()
+    for i in range(inputs.lines):
+        ctx.log(f"line {i} from the run")
+    if inputs.hold_seconds:
+        ctx.sleep(inputs.hold_seconds)
+    if inputs.fail:
+        raise CliRefused("the smoke test said no")
