@@ -25,7 +25,7 @@ Log in once with `graphenectl login --server URL --token-stdin`, then look with 
 `tree`, `events`, `logs`, `metrics` and `trace`; change records with `apply`, `delete`, `transfer`, \
 `extend` and `release`; \
 drive runs with `run start|watch|result|cancel|resume|list`; move files with `artifact get|put`; \
-open a terminal on a machine with `agent shell`.
+enroll a machine with `agent create` and open a terminal on it with `agent shell`.
 
 Data goes to stdout (-o table|wide|json|yaml|name); progress and hints go to stderr.
 
