@@ -431,8 +431,8 @@ def _waits(run: dict[str, Any]) -> list[str]:
 def _status_line(run: dict[str, Any], waits: list[str]) -> Text:
     """The run's status and, while it is suspended, why: what it waits on, or until when."""
     line = _styled(run["status"])
-    if run["status"] in TERMINAL:
-        return line + Text(f" ({outcome(run)})") if run["status"] != "succeeded" else line
+    if run["status"] in TERMINAL:  # "failed after 2.1s: StepFailed: ..."
+        return line + Text(outcome(run).removeprefix(run["status"]))
     why = []
     if waits:
         why.append("waiting on " + ", ".join(waits))
