@@ -19,7 +19,7 @@ from django.db.models import BigIntegerField, Func, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from apps.core.db import is_postgresql
+from apps.core.db import is_postgresql, release_pooled_connection
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
 from apps.observability.services import LOG_WRITER_LOCKS, METRIC_NAME, SEVERITIES, log_sequence
@@ -235,12 +235,21 @@ def log_fetch(rows: Any, after: int, limit: int = LOG_STREAM_BATCH) -> LogBatch:
     return LogBatch(fetched, records, ats)
 
 
+def _log_fetch_released(rows: Any, after: int) -> LogBatch:
+    """``log_fetch``, giving the connection back to the web's pool between polls: a follow
+    lasts as long as its client stays, and must not hold a connection of the bounded pool."""
+    try:
+        return log_fetch(rows, after)
+    finally:
+        release_pooled_connection()
+
+
 async def log_batches(rows: Any, after: int) -> AsyncIterator[LogBatch]:
     """Lines stored after line ``after`` (``LogBatch``), polled by id (the (record, id) index)
     a few times a second, at once again while a backlog fills whole batches; an empty batch
     when a poll found nothing (for keep-alives). Serves the server-sent events and the
     websocket."""
-    fetch = sync_to_async(log_fetch)
+    fetch = sync_to_async(_log_fetch_released)
     while True:
         batch = await fetch(rows, after)
         if batch:

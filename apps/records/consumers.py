@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.api.params import log_filter_params, log_start_params
@@ -49,7 +49,8 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         params = {k: v[-1] for k, v in parse_qs(self.scope.get("query_string", b"").decode()).items()}
         try:
-            self.rows, after = await sync_to_async(_log_query)(
+            # database_sync_to_async: closes the connection after (the web's pool gets it back).
+            self.rows, after = await database_sync_to_async(_log_query)(
                 user, str(self.scope["url_route"]["kwargs"]["record_id"]), params
             )
         except NotFound as exc:

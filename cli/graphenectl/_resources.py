@@ -57,9 +57,17 @@ RUN_COLUMNS = [
     Column("ERROR", lambda r: _first_line(error_summary(str(r.get("error") or ""))), wide=True),
 ]
 
+
+def _concurrency(pipeline: dict[str, Any]) -> str:
+    """``queue (at most 5 waiting)``: the policy, and the bound of its waiting line if any."""
+    policy = str(pipeline.get("concurrency") or "-")
+    bound = pipeline.get("max_pending")
+    return f"{policy} (at most {bound} waiting)" if bound is not None else policy
+
+
 PIPELINE_COLUMNS = [
     Column("NAME", lambda p: p["name"]),
-    Column("CONCURRENCY", lambda p: p.get("concurrency")),
+    Column("CONCURRENCY", lambda p: _concurrency(p)),
     Column("TIMEOUT", lambda p: f"{p['timeout_seconds']}s" if p.get("timeout_seconds") else "-"),
     Column("INPUTS", _input_names),
     Column("DESCRIPTION", lambda p: _first_line(p.get("description"), 60)),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from django.conf import settings
-from graphene_sdk import Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
+from graphene_sdk import ChildRunFailed, Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
 from pydantic import BaseModel, Field
 
 
@@ -187,7 +187,7 @@ def deadline(ctx: Context, inputs: Empty) -> None:
     ctx.sleep(60)
 
 
-# --- stands, ownership, concurrency and child runs (issue 5) -------------------------------
+# --- stands, ownership, concurrency and child runs ----------------------------------------
 
 
 class HandoffInputs(BaseModel):
@@ -243,6 +243,7 @@ class ChildInputs(BaseModel):
     index: int
     seconds: float = 0.3
     tag: str = "children"
+    fail: bool = False
 
 
 class ChildOutput(BaseModel):
@@ -254,6 +255,8 @@ class ChildOutput(BaseModel):
 def child(ctx: Context, inputs: ChildInputs) -> ChildOutput:
     ctx.declare("test.sleep", f"scratch-{inputs.index}")
     ctx.step("work", _child_work, inputs.index, inputs.seconds, inputs.tag)
+    if inputs.fail:
+        raise RuntimeError(f"child {inputs.index} was told to fail")
     return ChildOutput(index=inputs.index, square=inputs.index**2)
 
 
@@ -269,19 +272,27 @@ class ParentInputs(BaseModel):
     concurrency: int = 3
     seconds: float = 0.3
     tag: str = "children"
+    failing: list[int] = []  # the children (by index) that fail
 
 
 class ParentOutput(BaseModel):
     squares: list[int]
+    failed: dict[int, str] = {}  # ChildRunFailed.by_input, when children failed
 
 
 @pipeline("sample.parent", inputs=ParentInputs)
 def parent(ctx: Context, inputs: ParentInputs) -> ParentOutput:
-    outputs = ctx.run_all(
-        child,
-        [ChildInputs(index=i, seconds=inputs.seconds, tag=inputs.tag) for i in range(inputs.count)],
-        concurrency=inputs.concurrency,
-    )
+    try:
+        outputs = ctx.run_all(
+            child,
+            [
+                ChildInputs(index=i, seconds=inputs.seconds, tag=inputs.tag, fail=i in inputs.failing)
+                for i in range(inputs.count)
+            ],
+            concurrency=inputs.concurrency,
+        )
+    except ChildRunFailed as exc:
+        return ParentOutput(squares=[], failed=exc.by_input)
     return ParentOutput(squares=[o.square for o in outputs])
 
 
@@ -443,6 +454,38 @@ class FormInputs(BaseModel):
 def form(ctx: Context, inputs: FormInputs) -> None:
     """Takes every kind of input (the Studio's start form); does nothing with them."""
     ctx.log(f"started on {inputs.branch}")
+
+
+class ChatterInputs(BaseModel):
+    lines: int = Field(default=3, ge=0, le=100)
+    gap_ms: int = Field(default=0, ge=0, le=5000)
+    hold: bool = False
+    fail: bool = False
+
+
+class ChatterOutput(BaseModel):
+    lines: int
+
+
+@pipeline("sample.chatter", inputs=ChatterInputs)
+def chatter(ctx: Context, inputs: ChatterInputs) -> ChatterOutput:
+    """What the SDK client's tests read: labelled records (``env`` with ``inner`` is handed to
+    the stand), log lines ``gap_ms`` apart (durable sleeps), then, with ``hold``, a long sleep
+    (until cancelled); with ``fail``, an error at the end."""
+    env = ctx.declare("test.sleep", "env", labels={"team": "sdk", "role": "db"})
+    ctx.declare("test.sleep", "inner", parent=env, labels={"team": "sdk"})
+    ctx.declare("test.sleep", "cache", labels={"team": "web"})
+    env.ready()
+    for i in range(inputs.lines):
+        ctx.log(f"chatter line {i}")
+        if inputs.gap_ms:
+            ctx.sleep(inputs.gap_ms / 1000)
+    ctx.to_stand(env, keep_for=timedelta(hours=1), replace=True)
+    if inputs.hold:
+        ctx.sleep(timedelta(minutes=10))
+    if inputs.fail:
+        raise RuntimeError("asked to fail")
+    return ChatterOutput(lines=inputs.lines)
 
 
 class CliInputs(BaseModel):

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst, OldestFirstById
 from apps.api.params import MAX_TAIL, datetime_param, int_param, log_filter_params, log_start_params
+from apps.core.db import release_pooled_connection
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import LOG_FIELDS, log_batches, log_output, log_rows, log_start
 from apps.observability.services import log_dropped
@@ -196,6 +197,7 @@ class RecordViewSet(viewsets.GenericViewSet):
             timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)
             deadline = time.monotonic() + timeout
             while record.phase != Phase.DELETED and time.monotonic() < deadline:
+                release_pooled_connection()  # the web's pool is bounded: hold none while asleep
                 time.sleep(0.1)
                 record = Record.objects.get(pk=record.pk)
         code = status.HTTP_200_OK if record.phase == Phase.DELETED else status.HTTP_202_ACCEPTED

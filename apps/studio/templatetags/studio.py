@@ -78,6 +78,12 @@ def ttl(expires_at: datetime | None) -> SafeString:
 
 
 @register.filter
+def tone(value: str) -> str:
+    """The colour class of a status or phase (what ``status_badge`` and ``phase_badge`` use)."""
+    return _TONE.get(str(value), "muted")
+
+
+@register.filter
 def as_json(value: Any) -> str:
     """A JSON value as people read it: indented, keys in their order, non-ASCII as is."""
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
