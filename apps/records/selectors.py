@@ -118,6 +118,21 @@ def subtree_of(record: Record) -> QuerySet[Record]:
     )
 
 
+def owners_among(*, record_id: Any, candidates: Sequence[Any]) -> set[str]:
+    """Which of the ``candidates`` (record ids) own ``record_id``, directly or further up the
+    tree, as the query runs (one query)."""
+    if not candidates:
+        return set()
+    me = Record.objects.filter(pk=record_id)
+    owners = Record.objects.filter(
+        pk__in=list(candidates),
+        tree_id=Subquery(me.values("tree_id")),
+        lft__lt=Subquery(me.values("lft")),
+        rght__gt=Subquery(me.values("rght")),
+    )
+    return {str(pk) for pk in owners.values_list("pk", flat=True)}
+
+
 def record_subtree(*, record: Record, depth: int) -> list[Record]:
     """The record and its descendants down to ``depth`` levels, in tree order."""
     return list(subtree_of(record).filter(level__lte=record.level + depth).order_by("lft"))

@@ -46,7 +46,9 @@ class RunEventOutput(serializers.ModelSerializer):
 class RunOutput(serializers.ModelSerializer):
     pipeline = serializers.CharField(source="pipeline.name", read_only=True)
     record = serializers.UUIDField(source="record_id", read_only=True, allow_null=True)
-    parent = serializers.UUIDField(
+    # The API's field name; DRF's metaclass takes declared fields off the class, so it does not
+    # shadow Field.parent (the serializer a field is bound to) at runtime, only for mypy.
+    parent = serializers.UUIDField(  # type: ignore[assignment]
         source="parent_run_id", read_only=True, allow_null=True, help_text="the run that started this one"
     )
     parent_name = serializers.SerializerMethodField(help_text="the parent run as pipeline#number")
