@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The example "pipeline": declare a small environment, hold it, then let Graphene tear it down.
+"""Records without a pipeline: declare a small environment, hold it, then let Graphene tear it down.
 
-Until the pipeline engine and SDK exist, this drives the REST API directly, doing what a
-pipeline run will do through ``graphene_sdk``:
+It drives the records REST API directly (a pipeline does the same through ``graphene_sdk``;
+see ``examples/pipeline_tour.py``), to show what the records layer promises on its own:
 
 1. create a stand (a root record that owns everything below it);
 2. declare a tree of resources under it::
@@ -24,7 +24,7 @@ reported and the exit status is 1. Standard library only, so it runs with any Py
 
     GRAPHENE_TOKEN=... python examples/records_tour.py --url http://127.0.0.1:8000
 
-``make demo`` runs it against a fresh embedded server (see ``examples/demo.py``).
+``examples/demo.py --example examples/records_tour.py`` runs it against a fresh embedded server.
 """
 
 from __future__ import annotations

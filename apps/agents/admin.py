@@ -41,6 +41,9 @@ class ReadOnly(_ModelAdmin):
 
 @admin.register(Agent)
 class AgentAdmin(ReadOnly):
+    """Read-only, truly: no change form reaches a field; the Studio's agents board is where
+    agents are shown, and revoking credentials is an action calling the service."""
+
     list_display = [
         "record",
         "session",
@@ -56,13 +59,15 @@ class AgentAdmin(ReadOnly):
     list_select_related = ["record"]
     actions = ["revoke_credentials"]
 
-    @admin.action(description="Revoke credentials (the agent must be bootstrapped again)")
+    @admin.action(description="Revoke credentials (the agent must be bootstrapped again)", permissions=["revoke"])
     def revoke_credentials(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
         for state in queryset.select_related("record"):
             services.agent_credentials_revoke(record=state.record, reason=f"revoked by {request.user}")
         messages.success(request, f"revoked the credentials of {queryset.count()} agent(s)")
 
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        # Revoking is the one change the Studio makes to an agent, through its service; the
+        # connection state itself (session, peer, channel) is the gateway's alone: no form edits it.
         return bool(request.user.has_perm("agents.change_agent"))
 
     # --- the terminal page ------------------------------------------------------------------------
@@ -146,11 +151,12 @@ class AgentCommandAdmin(ReadOnly):
     list_select_related = ["agent"]
     actions = ["cancel"]
 
-    @admin.action(description="Cancel (kills the process on the agent)")
+    @admin.action(description="Cancel (kills the process on the agent)", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[AgentCommand]) -> None:
         for command in queryset:
             services.command_cancel(command=command, actor=request.user)
         messages.success(request, f"asked to cancel {queryset.count()} command(s)")
 
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return bool(request.user.has_perm("agents.add_agentcommand"))
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        # The same right the REST API asks for to cancel a command (running commands on machines).
+        return selectors.agent_can_run_commands(user=request.user)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
+from apps.agents.choices import OPEN
 from apps.agents.models import Agent, AgentCapability, AgentCommand
 from apps.agents.services import AGENT_KIND
 from apps.core.errors import NotFound, ValidationFailed
@@ -16,6 +18,7 @@ from apps.records.models import Record
 from apps.records.selectors import User, filter_labels, record_visible
 
 COMMAND_EXEC_PERMISSION = "agents.add_agentcommand"
+ENROLL_PERMISSION = "agents.add_agent"
 TERMINAL_PERMISSION = "agents.open_terminal"
 
 
@@ -38,6 +41,24 @@ def agent_list(
     if labels:
         qs = filter_labels(qs, labels)
     return qs
+
+
+def agent_board(*, user: User) -> list[Record]:
+    """Live agents for the Studio's board, connected first, then by name: each with its
+    connection (``agent_state``), capabilities and ``open_commands`` (queued, sent or running).
+    Three queries, whatever the number of agents."""
+    open_commands = (
+        AgentCommand.objects.filter(agent=OuterRef("pk"), status__in=sorted(OPEN))
+        .order_by()
+        .values("agent")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return list(
+        agent_list(user=user)
+        .annotate(open_commands=Coalesce(Subquery(open_commands), 0))
+        .order_by(F("agent_state__session").asc(nulls_last=True), "name", "pk")
+    )
 
 
 def agent_connection_counts(*, user: User) -> dict[str, int]:
@@ -72,6 +93,12 @@ def agent_can_run_commands(*, user: User) -> bool:
     """Running commands on machines is a separate right from seeing them."""
     has_perm = getattr(user, "has_perm", None)  # AbstractBaseUser alone has no permissions
     return bool(user.is_authenticated and has_perm is not None and has_perm(COMMAND_EXEC_PERMISSION))
+
+
+def agent_can_enroll(*, user: User) -> bool:
+    """Declaring an agent and issuing its install token enrolls a machine: its own right."""
+    has_perm = getattr(user, "has_perm", None)
+    return bool(user.is_authenticated and has_perm is not None and has_perm(ENROLL_PERMISSION))
 
 
 def agent_can_open_terminal(*, user: User) -> bool:
@@ -134,17 +161,26 @@ def _describe_need(need: dict[str, Any]) -> str:
     return need["name"] + (f" ({', '.join(parts)})" if parts else "")
 
 
+def _published(capabilities: Any) -> str:
+    """What an agent publishes, shortly: ``docker 24, python 3.11``, or ``nothing``."""
+    names = [f"{c.name} {c.version}".strip() for c in capabilities]
+    return ", ".join(names) if names else "nothing"
+
+
 def agent_needs_unmet(*, agent: Record, needs: list[dict[str, Any]]) -> list[str]:
     """The needs (cleaned by ``services.needs_clean``) that ``agent``'s capabilities do not meet,
     each as a sentence naming what it found instead."""
-    offered = {c.name: c for c in AgentCapability.objects.filter(agent=agent, name__in=[n["name"] for n in needs])}
+    offered = {c.name: c for c in AgentCapability.objects.filter(agent=agent).order_by("name")}
     unmet = []
     for need in needs:
         capability = offered.get(need["name"])
         if _need_met(need, capability):
             continue
         if capability is None:
-            unmet.append(f"needs {_describe_need(need)}: the agent does not publish {need['name']!r}")
+            unmet.append(
+                f"needs {_describe_need(need)}: the agent does not publish {need['name']!r} "
+                f"(it publishes {_published(offered.values())})"
+            )
         else:
             values = {**capability.labels, "version": capability.version}
             found = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))

@@ -67,3 +67,7 @@ class EntryStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     # An at-most-once step was interrupted; replay raises OutcomeUnknown.
     UNKNOWN = "unknown", "Outcome unknown"
+
+
+# The journal's call name of ``ctx.attach_artifact`` (its entries' results name the artifact).
+ATTACH_ARTIFACT_CALL = "attach_artifact "

@@ -7,9 +7,10 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 
 from apps.core.models import TimeStampedModel
-from apps.pipelines.choices import EntryStatus, RunStatus
+from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, EntryStatus, RunStatus
 
 
 class Pipeline(TimeStampedModel):
@@ -21,6 +22,8 @@ class Pipeline(TimeStampedModel):
     input_schema = models.JSONField(default=dict)
     output_schema = models.JSONField(null=True, blank=True)
     concurrency = models.CharField(max_length=20, default="parallel")
+    # With ``queue``: how many runs may wait their turn (a start beyond it is refused); None: any.
+    max_pending = models.PositiveIntegerField(null=True, blank=True)
     timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
     # False when the code defining it is no longer loaded: kept for its runs' history.
     is_loaded = models.BooleanField(default=True)
@@ -77,7 +80,7 @@ class Run(TimeStampedModel):
         ]
 
     def __str__(self) -> str:
-        return f"{self.pipeline_id}#{self.number}"
+        return f"{self.pipeline.name}#{self.number}"
 
 
 class RunEvent(models.Model):
@@ -129,6 +132,14 @@ class JournalEntry(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="journal_unique_seq")]
+        indexes = [
+            # Which runs attached an artifact (the Studio's artifact page): the attached id.
+            models.Index(
+                KeyTextTransform("id", "result"),
+                name="journal_attached_artifact",
+                condition=Q(call__startswith=ATTACH_ARTIFACT_CALL),
+            )
+        ]
         ordering = ["run", "seq"]
 
     def __str__(self) -> str:

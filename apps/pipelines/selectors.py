@@ -9,6 +9,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import RowNumber
 
 from apps.agents.models import AgentCommand
@@ -17,7 +18,7 @@ from apps.core.selectors import get_by_uuid
 from apps.observability.models import SpanStatus
 from apps.observability.selectors import span_node, trace_tree
 from apps.observability.tracing import run_span_id, trace_id_of
-from apps.pipelines.choices import TERMINAL, RunStatus
+from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, TERMINAL, RunStatus
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -45,9 +46,18 @@ def run_list(
     created_before: datetime | None = None,
     finished_after: datetime | None = None,
     search: str | None = None,
+    parent: str | None = None,
 ) -> QuerySet[Run]:
-    """Runs the user may see. ``search``: a run id, or ``pipeline#number``."""
+    """Runs the user may see. ``search``: a run id, or ``pipeline#number``; ``parent``: the
+    child runs of that run (a run id)."""
     qs = run_visible(user=user)
+    if parent:
+        try:
+            qs = qs.filter(parent_run_id=uuid.UUID(str(parent)))
+        except ValueError:
+            raise ValidationFailed(
+                f"parent={parent!r} is not a run id (a UUID)", fields={"parent": ["not a UUID"]}
+            ) from None
     if pipeline:
         qs = qs.filter(pipeline__name=pipeline)
     if created_after:
@@ -88,6 +98,22 @@ def with_pipeline_name(qs: QuerySet[Any]) -> QuerySet[Any]:
     return qs.annotate(
         pipeline_name=Subquery(Run.objects.filter(pk=OuterRef("created_by_run_id")).values("pipeline__name")[:1])
     )
+
+
+def run_of_root(root_id: Any) -> Subquery:
+    """The id of the run whose tree ``root_id`` (an expression) roots, as a subquery."""
+    return Subquery(Run.objects.filter(record_id=root_id).values("pk")[:1])
+
+
+def runs_attaching_artifact(*, user: User, artifact_id: Any) -> QuerySet[Run]:
+    """The runs that attached an artifact (``ctx.attach_artifact``), newest first."""
+    attached = (
+        JournalEntry.objects.filter(call__startswith=ATTACH_ARTIFACT_CALL)
+        .annotate(artifact=KeyTextTransform("id", "result"))
+        .filter(artifact=str(artifact_id))
+        .values("run_id")
+    )
+    return run_visible(user=user).filter(pk__in=attached).select_related("pipeline").order_by("-created_at")
 
 
 def run_journal(*, run: Run, limit: int) -> list[JournalEntry]:
@@ -238,13 +264,14 @@ def stand_holding(*, user: User, pipeline: str, record_id: Any) -> Record:
 
 
 def stand_holdings_all(*, user: User, expiring_before: datetime | None = None) -> QuerySet[Record]:
-    """What every stand holds directly, by stand then expiry; with its stand and the run that
-    declared it (``created_by_run``) in the same query."""
+    """What every stand holds directly, by stand then expiry; with its stand, the root record of
+    the run that declared it (``created_by_run``) and that run's id (``from_run``), in one query."""
     qs = (
         record_visible(user=user)
         .filter(parent__kind="graphene.stand", parent__parent__isnull=True)
         .exclude(phase=Phase.DELETED)
         .select_related("parent", "created_by_run")
+        .annotate(from_run=run_of_root(OuterRef("created_by_run_id")))
     )
     if expiring_before is not None:
         qs = qs.filter(expires_at__lte=expiring_before, deletion_requested_at__isnull=True)

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.api.params import log_filter_params, log_start_params
@@ -52,7 +52,8 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
         params = {k: v[-1] for k, v in parsed.items()}
         try:
             validation.check_params(parsed)  # the REST door's check: storable text only
-            self.rows, after = await sync_to_async(_log_query)(
+            # database_sync_to_async: closes the connection after (the web's pool gets it back).
+            self.rows, after = await database_sync_to_async(_log_query)(
                 user, str(self.scope["url_route"]["kwargs"]["record_id"]), params
             )
         except NotFound as exc:

@@ -1,7 +1,8 @@
 """An integration-test environment: what a CI job builds, uses and must always tear down.
 
 The records stand in for a network, a database and an application (``test.sleep`` objects,
-until the Docker library lands) plus a real configuration file. They converge in parallel;
+so it runs where no Docker engine does; ``ephemeral_env.py`` is the same with real
+containers) plus a real configuration file. They converge in parallel;
 the steps use them; whatever happens — success, failure, cancel — the run's death deletes
 them, children first.
 """

@@ -1,129 +1,130 @@
-"""A small, typed client for Graphene's REST API (standard library only).
+"""A typed client for Graphene's REST API (standard library only), configured like graphenectl.
 
-client = Client("http://127.0.0.1:8000", token="...")
+client = Client()                                        # graphenectl's current context
 run = client.start(integration, Inputs(branch="main"))   # checked by mypy
-info = run.wait(timeout=600)
+for line in client.logs.follow(run.get().record):        # live, ends with the run
+    print(line.message)
+report = run.result()                                    # the pipeline's output model
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from dataclasses import dataclass
+from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from graphene_sdk import config
 from graphene_sdk._errors import ClientError
+from graphene_sdk._http import Transport
+from graphene_sdk._models import RunEvent, RunInfo
 from graphene_sdk._pipeline import InputT, OutputT, Pipeline
+from graphene_sdk._resources import Artifacts, Logs, Records, Runs, Stands
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class RunInfo:
-    """A run as the server reports it."""
+class Client:
+    """Graphene from Python: start runs with typed inputs, and read what graphenectl reads.
 
-    id: str
-    pipeline: str
-    status: str
-    inputs: dict[str, Any]
-    outputs: Any
-    error: str
-    raw: dict[str, Any]
+    ``Client()`` connects as graphenectl does: the current context of its config file
+    (``$XDG_CONFIG_HOME/graphene/config.yaml``), or the one named by ``context=`` or
+    ``GRAPHENE_CONTEXT``, with ``GRAPHENE_SERVER`` and ``GRAPHENE_TOKEN`` overriding it; a
+    ``server`` or ``token`` passed here wins over both (``graphene_sdk.config``). Nothing
+    is configured: ``ConfigError``. ``target`` says what was chosen and from where.
+
+    The nouns: ``records``, ``logs``, ``runs``, ``stands``, ``artifacts``. A refused or failed
+    request raises ``ClientError`` with the server's ``code``, ``detail`` and ``fields``.
+    """
+
+    def __init__(
+        self,
+        server: str | None = None,
+        *,
+        token: str | None = None,
+        context: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.target = config.find_target(server=server, token=token, context=context)
+        self.timeout = timeout
+        self._transport = Transport(self.target.server, self.target.token, timeout=timeout)
+        self.records = Records(self._transport)
+        self.logs = Logs(self._transport)
+        self.runs = Runs(self._transport)
+        self.stands = Stands(self._transport)
+        self.artifacts = Artifacts(self._transport)
+
+    def __repr__(self) -> str:
+        return f"Client({self.server!r}, context={self.target.context!r})"
 
     @property
-    def done(self) -> bool:
-        return self.status in TERMINAL
+    def server(self) -> str:
+        return self.target.server
 
+    @property
+    def token(self) -> str:
+        return self.target.token
 
-class Client:
-    """Start, inspect, wait for, cancel and resume runs. Token from the argument or GRAPHENE_TOKEN."""
+    def whoami(self) -> dict[str, Any]:
+        """Who the token belongs to (``username``, ``is_staff``) and the server's version."""
+        body: dict[str, Any] = self._transport.get("whoami/")
+        return body
 
-    def __init__(self, server: str | None = None, *, token: str | None = None, timeout: float = 30.0) -> None:
-        server = server or os.environ.get("GRAPHENE_SERVER", "")
-        if not server:
-            raise ValueError("pass the server URL or set GRAPHENE_SERVER")
-        self.server = server.rstrip("/")
-        self.token = token or os.environ.get("GRAPHENE_TOKEN", "")
-        self.timeout = timeout
+    def record_id(self, ref: str) -> str:
+        """The record id graphenectl's reference names: a record id (or ``record/<id>``),
+        ``run/<id>`` (the run's root record) or ``stand/<pipeline>`` (made if need be)."""
+        kind, _, ident = ref.partition("/")
+        if not ident:
+            return ref
+        if kind == "record":
+            return ident
+        if kind == "run":
+            record = self.runs.get(ident).record
+            if record is None:
+                raise ClientError(f"run {ident} has no record yet; try again in a moment", status=409, code="conflict")
+            return record
+        if kind == "stand":
+            return self.stands.ensure(ident)
+        raise ValueError(f"{ref!r} is not a record reference: use <id>, record/<id>, run/<id> or stand/<pipeline>")
 
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.server}{path}", data=data, method=method)  # noqa: S310
-        request.add_header("Accept", "application/json")
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        if self.token:
-            request.add_header("Authorization", f"Token {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                err = json.loads(raw)
-            except ValueError:
-                err = {"detail": raw.decode(errors="replace")[:500]}
-            raise ClientError(
-                f"{method} {path}: {exc.code} {err.get('detail', '')}".strip(),
-                status=exc.code,
-                code=str(err.get("error", "")),
-                fields=err.get("fields") or {},
-            ) from None
-        except urllib.error.URLError as exc:
-            raise ClientError(f"{method} {path}: cannot reach {self.server}: {exc.reason}", status=0) from None
-        return json.loads(payload) if payload else None
+    # --- runs: start with typed inputs, and the shortcuts of ``runs`` -------------------------
 
     def start(self, pipeline: Pipeline[InputT, OutputT], inputs: InputT) -> RunHandle[OutputT]:
-        """Start a run of ``pipeline`` with typed ``inputs``; the server validates them again."""
+        """Start a run of ``pipeline`` with typed ``inputs``; the server validates them again
+        (``ClientError`` 400 with per-field messages)."""
         if not isinstance(inputs, pipeline.inputs):
             raise TypeError(f"{pipeline.name} takes {pipeline.inputs.__name__}, not {type(inputs).__name__}")
         body = {"inputs": inputs.model_dump(mode="json")}
-        data = self._request("POST", f"/api/v1/pipelines/{urllib.parse.quote(pipeline.name)}/runs/", body)
-        return RunHandle(self, data["id"], pipeline.output)
+        data = self._transport.post(f"pipelines/{urllib.parse.quote(pipeline.name)}/runs/", body)
+        return RunHandle(self, str(data["id"]), pipeline.output)
 
     def start_by_name(self, name: str, inputs: dict[str, Any]) -> RunHandle[Any]:
-        data = self._request("POST", f"/api/v1/pipelines/{urllib.parse.quote(name)}/runs/", {"inputs": inputs})
-        return RunHandle(self, data["id"], None)
+        """Start a run of the pipeline called ``name`` with inputs as JSON values."""
+        data = self._transport.post(f"pipelines/{urllib.parse.quote(name)}/runs/", {"inputs": inputs})
+        return RunHandle(self, str(data["id"]), None)
 
     def get(self, run_id: str) -> RunInfo:
-        data = self._request("GET", f"/api/v1/runs/{run_id}/")
-        return RunInfo(
-            id=data["id"],
-            pipeline=data["pipeline"],
-            status=data["status"],
-            inputs=data["inputs"],
-            outputs=data["outputs"],
-            error=data["error"],
-            raw=data,
-        )
+        """``runs.get``: the run with its journal."""
+        return self.runs.get(run_id)
 
     def cancel(self, run_id: str) -> RunInfo:
-        self._request("POST", f"/api/v1/runs/{run_id}/cancel/")
-        return self.get(run_id)
+        """``runs.cancel``."""
+        return self.runs.cancel(run_id)
 
     def resume(self, run_id: str) -> RunInfo:
-        self._request("POST", f"/api/v1/runs/{run_id}/resume/")
-        return self.get(run_id)
+        """``runs.resume``."""
+        return self.runs.resume(run_id)
+
+    def watch(
+        self, run_id: str, *, interval: float = 0.5, timeout: float | None = None
+    ) -> Generator[RunEvent, None, None]:
+        """``runs.watch``: the run's status moves, until the one that ends it."""
+        return self.runs.watch(run_id, interval=interval, timeout=timeout)
 
     def wait(self, run_id: str, *, timeout: float = 600.0) -> RunInfo:
-        """Poll until the run ends (or raise ``TimeoutError``)."""
-        deadline = time.monotonic() + timeout
-        delay = 0.1
-        while True:
-            info = self.get(run_id)
-            if info.done:
-                return info
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} still {info.status} after {timeout}s")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 2.0)
+        """``runs.wait``: poll until the run ends (or raise ``TimeoutError``)."""
+        return self.runs.wait(run_id, timeout=timeout)
 
 
 class RunHandle(Generic[R]):
@@ -138,13 +139,19 @@ class RunHandle(Generic[R]):
         return f"RunHandle({self.id})"
 
     def get(self) -> RunInfo:
-        return self.client.get(self.id)
+        return self.client.runs.get(self.id)
 
     def wait(self, *, timeout: float = 600.0) -> RunInfo:
-        return self.client.wait(self.id, timeout=timeout)
+        return self.client.runs.wait(self.id, timeout=timeout)
+
+    def watch(self, *, interval: float = 0.5, timeout: float | None = None) -> Generator[RunEvent, None, None]:
+        return self.client.runs.watch(self.id, interval=interval, timeout=timeout)
 
     def cancel(self) -> RunInfo:
-        return self.client.cancel(self.id)
+        return self.client.runs.cancel(self.id)
+
+    def resume(self) -> RunInfo:
+        return self.client.runs.resume(self.id)
 
     def result(self, *, timeout: float = 600.0) -> R:
         """Wait for the run; its output (typed) if it succeeded, else ``ClientError``."""

@@ -82,21 +82,49 @@ class RunCancelled(GrapheneError):
 
 
 class ClientError(GrapheneError):
-    """The Graphene server refused a client request; ``fields`` has per-field errors."""
+    """A ``Client`` request failed. The server's answer, when there was one, in its error shape:
+    ``status`` (HTTP; 0 when the server could not be reached), ``code`` (its ``error``: for
+    example ``not_found``, ``validation_failed``, ``conflict``), ``detail`` (its text) and
+    ``fields`` (per-field messages, e.g. ``{"inputs.branch": ["..."]}``)."""
 
-    def __init__(self, message: str, *, status: int, code: str = "", fields: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str = "",
+        detail: str = "",
+        fields: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.detail = detail or message
         self.fields = fields or {}
 
 
-class ChildRunFailed(GrapheneError):
-    """A child run started with ``ctx.run``/``ctx.run_all`` did not succeed."""
+class ConfigError(GrapheneError):
+    """No server or token could be found (no context, no ``GRAPHENE_SERVER``/``GRAPHENE_TOKEN``),
+    a context that does not exist was named, or the contexts file cannot be read. ``hint`` says
+    what to run; ``is_usage`` is true when the caller named something wrong."""
 
-    def __init__(self, message: str, *, failures: dict[str, str]) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, is_usage: bool = False) -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.is_usage = is_usage
+
+
+class ChildRunFailed(GrapheneError):
+    """A child run started with ``ctx.run``/``ctx.run_all`` did not succeed.
+
+    ``failures`` maps each failed child's run id to why it ended; ``by_input`` maps the
+    position of its inputs in the list given to ``run_all`` (0 for ``ctx.run``) to the same.
+    """
+
+    def __init__(self, message: str, *, failures: dict[str, str], by_input: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.failures = failures
+        self.by_input = by_input or {}
 
 
 class ConcurrencyLimit(GrapheneError):

@@ -28,12 +28,10 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticCustomError
-
-from graphene_sdk._pipeline import _model_schema
+if TYPE_CHECKING:  # pydantic is imported by the functions that need it: the Client's check does not
+    from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "MAX_DEPTH",
@@ -51,7 +49,7 @@ __all__ = [
 MAX_DEPTH = 64
 
 Problems = dict[str, list[str]]
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A JSON string (escapes included) or a bracket, in a document's text: strings are skipped so
@@ -213,6 +211,8 @@ def _strict_validator() -> Any:
 
 @functools.cache
 def _model_validator(model: type[BaseModel]) -> Any:
+    from graphene_sdk._pipeline import _model_schema
+
     return _strict_validator()(_model_schema(model))
 
 
@@ -248,6 +248,9 @@ def schema_problems(schema: Mapping[str, Any], document: Any, *, max_depth: int 
 
 def _refusal(model: type[BaseModel], problems: Problems, document: Any) -> ValidationError:
     """Problems found outside pydantic, as the ``ValidationError`` a model would raise."""
+    from pydantic import ValidationError
+    from pydantic_core import PydanticCustomError
+
     line_errors: list[Any] = []
     for path, messages in problems.items():
         loc = () if path in ("(body)", "(inputs)") else tuple(path.split("."))
@@ -269,6 +272,10 @@ def validate_inputs(model: type[M], document: Any, *, max_depth: int = MAX_DEPTH
     The rules of ``schema_problems`` over the model's JSON Schema (what graphenectl checks), and
     the model itself in pydantic's strict mode (its own validators, formats such as date-time):
     an input graphenectl accepts is refused here only for what its schema cannot say."""
+    from pydantic import ValidationError
+
+    from graphene_sdk._pipeline import _model_schema
+
     if not isinstance(document, dict):
         raise _refusal(model, {"(inputs)": ["must be a JSON object"]}, document)
     problems = json_problems(document, max_depth=max_depth)

@@ -111,7 +111,7 @@ def test_unmet_needs_say_what_was_found(stand: Record) -> None:
     )
     assert unmet == [
         "needs docker (arch=amd64): it publishes docker with arch=arm64, version=24",
-        "needs kvm: the agent does not publish 'kvm'",
+        "needs kvm: the agent does not publish 'kvm' (it publishes docker 24)",
     ]
 
 

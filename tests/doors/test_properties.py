@@ -273,6 +273,18 @@ DOORS = [
     Door("secret replace", "PUT", "/api/v1/secrets/doors/", {"value": "v2"}, strict={"value": not_strings}),
     Door("secret delete", "DELETE", "/api/v1/secrets/doors/", None),
     Door(
+        "agent create",
+        "POST",
+        "/api/v1/agents/",
+        {"name": "doors-new", "labels": {"a": "b"}, "owner": "{other}"},
+        strict={
+            "name": st.just("") | st.text(st.characters(categories=["L"]), min_size=254, max_size=300),
+            "labels": st.lists(st.text(), max_size=2) | st.dictionaries(st.text(), st.lists(st.text()), min_size=1),
+            "owner": bad_ids.filter(lambda t: t.strip() == t),
+            "nmae": json_values,
+        },
+    ),
+    Door(
         "agent exec",
         "POST",
         "/api/v1/agents/{agent}/exec/",
@@ -546,6 +558,7 @@ def test_the_doors_are_every_write_endpoint_of_the_urlconf() -> None:
         ("POST", "SecretViewSet.create"),
         ("PUT", "SecretViewSet.update"),
         ("DELETE", "SecretViewSet.destroy"),
+        ("POST", "AgentViewSet.create"),
         ("POST", "AgentViewSet.exec"),
         ("POST", "AgentViewSet.cancel"),
         ("POST", "ArtifactViewSet.create"),

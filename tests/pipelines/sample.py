@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from django.conf import settings
-from graphene_sdk import Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
+from graphene_sdk import ChildRunFailed, Context, Guarantee, OutcomeUnknown, ResourceFailed, pipeline
 from pydantic import BaseModel, Field
 
 
@@ -187,7 +187,7 @@ def deadline(ctx: Context, inputs: Empty) -> None:
     ctx.sleep(60)
 
 
-# --- stands, ownership, concurrency and child runs (issue 5) -------------------------------
+# --- stands, ownership, concurrency and child runs ----------------------------------------
 
 
 class HandoffInputs(BaseModel):
@@ -243,6 +243,7 @@ class ChildInputs(BaseModel):
     index: int
     seconds: float = 0.3
     tag: str = "children"
+    fail: bool = False
 
 
 class ChildOutput(BaseModel):
@@ -254,6 +255,8 @@ class ChildOutput(BaseModel):
 def child(ctx: Context, inputs: ChildInputs) -> ChildOutput:
     ctx.declare("test.sleep", f"scratch-{inputs.index}")
     ctx.step("work", _child_work, inputs.index, inputs.seconds, inputs.tag)
+    if inputs.fail:
+        raise RuntimeError(f"child {inputs.index} was told to fail")
     return ChildOutput(index=inputs.index, square=inputs.index**2)
 
 
@@ -269,19 +272,27 @@ class ParentInputs(BaseModel):
     concurrency: int = 3
     seconds: float = 0.3
     tag: str = "children"
+    failing: list[int] = []  # the children (by index) that fail
 
 
 class ParentOutput(BaseModel):
     squares: list[int]
+    failed: dict[int, str] = {}  # ChildRunFailed.by_input, when children failed
 
 
 @pipeline("sample.parent", inputs=ParentInputs)
 def parent(ctx: Context, inputs: ParentInputs) -> ParentOutput:
-    outputs = ctx.run_all(
-        child,
-        [ChildInputs(index=i, seconds=inputs.seconds, tag=inputs.tag) for i in range(inputs.count)],
-        concurrency=inputs.concurrency,
-    )
+    try:
+        outputs = ctx.run_all(
+            child,
+            [
+                ChildInputs(index=i, seconds=inputs.seconds, tag=inputs.tag, fail=i in inputs.failing)
+                for i in range(inputs.count)
+            ],
+            concurrency=inputs.concurrency,
+        )
+    except ChildRunFailed as exc:
+        return ParentOutput(squares=[], failed=exc.by_input)
     return ParentOutput(squares=[o.square for o in outputs])
 
 
@@ -309,6 +320,7 @@ def adopt(ctx: Context, inputs: Empty) -> None:
 
 class AgentInputs(BaseModel):
     env_path: str
+    secret: str = ""  # with a name: a third command gets that secret in its environment
 
 
 class AgentOutput(BaseModel):
@@ -316,6 +328,7 @@ class AgentOutput(BaseModel):
     stdout: str
     stderr: str
     greeting: str
+    secret_digest: str = ""
 
 
 def _write_private(path: str, text: str) -> str:
@@ -332,8 +345,16 @@ def on_a_machine(ctx: Context, inputs: AgentInputs) -> AgentOutput:
     ctx.step("install", _write_private, inputs.env_path, box.install_env())
     first = box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
     second = box.exec(["sh", "-c", 'echo "$GREETING from $(pwd)"'], env={"GREETING": "hello"}, cwd="/tmp")
+    digest = ""
+    if inputs.secret:  # the value reaches the program; only its digest comes back
+        script = 'printf %s "$TOKEN" | sha256sum | cut -d" " -f1'
+        digest = box.exec(["sh", "-c", script], env={"TOKEN": ctx.secret(inputs.secret), "PLAIN": "x"}).stdout_tail
     return AgentOutput(
-        exit_code=first.exit_code, stdout=first.stdout_tail, stderr=first.stderr_tail, greeting=second.stdout_tail
+        exit_code=first.exit_code,
+        stdout=first.stdout_tail,
+        stderr=first.stderr_tail,
+        greeting=second.stdout_tail,
+        secret_digest=digest.strip(),
     )
 
 
@@ -433,3 +454,61 @@ class FormInputs(BaseModel):
 def form(ctx: Context, inputs: FormInputs) -> None:
     """Takes every kind of input (the Studio's start form); does nothing with them."""
     ctx.log(f"started on {inputs.branch}")
+
+
+class ChatterInputs(BaseModel):
+    lines: int = Field(default=3, ge=0, le=100)
+    gap_ms: int = Field(default=0, ge=0, le=5000)
+    hold: bool = False
+    fail: bool = False
+
+
+class ChatterOutput(BaseModel):
+    lines: int
+
+
+@pipeline("sample.chatter", inputs=ChatterInputs)
+def chatter(ctx: Context, inputs: ChatterInputs) -> ChatterOutput:
+    """What the SDK client's tests read: labelled records (``env`` with ``inner`` is handed to
+    the stand), log lines ``gap_ms`` apart (durable sleeps), then, with ``hold``, a long sleep
+    (until cancelled); with ``fail``, an error at the end."""
+    env = ctx.declare("test.sleep", "env", labels={"team": "sdk", "role": "db"})
+    ctx.declare("test.sleep", "inner", parent=env, labels={"team": "sdk"})
+    ctx.declare("test.sleep", "cache", labels={"team": "web"})
+    env.ready()
+    for i in range(inputs.lines):
+        ctx.log(f"chatter line {i}")
+        if inputs.gap_ms:
+            ctx.sleep(inputs.gap_ms / 1000)
+    ctx.to_stand(env, keep_for=timedelta(hours=1), replace=True)
+    if inputs.hold:
+        ctx.sleep(timedelta(minutes=10))
+    if inputs.fail:
+        raise RuntimeError("asked to fail")
+    return ChatterOutput(lines=inputs.lines)
+
+
+class CliInputs(BaseModel):
+    lines: int = Field(default=2, ge=0, le=100)
+    hold_seconds: float = Field(default=0, ge=0)
+    fail: bool = False
+
+
+class CliRefused(Exception):
+    """Raised by ``sample.cli``: a class of the pipeline's own module, named by its path in a
+    traceback (``tests.pipelines.sample.CliRefused``)."""
+
+
+@pipeline("sample.cli", inputs=CliInputs)
+def cli(ctx: Context, inputs: CliInputs) -> None:
+    """What graphenectl's tests watch: a record owning another, log lines, a durable pause, and
+    a failure of the program's own."""
+    box = ctx.declare("test.sleep", "box", {"create_ms": 100})
+    ctx.declare("test.sleep", "inner", parent=box)
+    box.ready()
+    for i in range(inputs.lines):
+        ctx.log(f"line {i} from the run")
+    if inputs.hold_seconds:
+        ctx.sleep(inputs.hold_seconds)
+    if inputs.fail:
+        raise CliRefused("the smoke test said no")

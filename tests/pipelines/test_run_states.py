@@ -124,6 +124,24 @@ def test_a_parent_ending_cancels_its_children_with_the_reason(user: Any) -> None
         last = RunEvent.objects.filter(run=child).order_by("id").last()
         assert last is not None
         assert (last.to_status, last.reason) == ("cancelled", "ParentEnded")
+        # Runs are named pipeline#number in every message, never by the pipeline's row id.
+        assert Run.objects.get(pk=child.pk).error == f"its parent run sample.wait#{parent.number} ended (cancelled)"
+
+
+def test_a_child_run_names_its_parent_and_the_parent_finds_its_children(api: APIClient, user: Any) -> None:
+    parent = services.run_start(pipeline_name="sample.wait", inputs={}, actor=user)
+    children = services.run_start_children(
+        parent=parent, pipeline_name="sample.child", inputs=[{"index": 0}, {"index": 1}], concurrency=2, group=1
+    )
+    services.run_start(pipeline_name="sample.child", inputs={"index": 9}, actor=user)  # not a child
+    body = api.get(f"/api/v1/runs/{children[0].pk}/").json()
+    assert (body["parent"], body["parent_name"]) == (str(parent.pk), f"sample.wait#{parent.number}")
+    assert api.get(f"/api/v1/runs/{parent.pk}/").json()["parent"] is None
+    listed = api.get(f"/api/v1/runs/?parent={parent.pk}").json()["results"]
+    assert sorted(r["id"] for r in listed) == sorted(str(c.pk) for c in children)
+    refused = api.get("/api/v1/runs/?parent=12")
+    assert refused.status_code == 400
+    assert refused.json()["fields"] == {"parent": ["not a UUID"]}
 
 
 def test_the_api_lists_a_runs_status_history(api: APIClient, user: Any) -> None:

@@ -1,4 +1,4 @@
-"""Stands and handoff, ownership in code, concurrency policies and child runs (issue 5).
+"""Stands and handoff, ownership in code, concurrency policies and child runs.
 
 Ownership and handoff are engine semantics, driven in-process (``drive``); the concurrency
 policies and child runs are about runs executing at the same time, on real worker processes.
@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from graphenectl._resources import PIPELINE_COLUMNS
 from rest_framework.test import APIClient
 
 from apps.core.errors import Conflict
@@ -147,6 +148,10 @@ def test_queue_runs_one_at_a_time_in_order_and_bounds_the_line(workers: list[Wor
     assert refused.status_code == 409
     assert refused.json()["error"] == "concurrency_limit"
     assert Run.objects.filter(pipeline__name="sample.queue").count() == 3
+    # The bound is shown where the policy is.
+    shown = api.get("/api/v1/pipelines/sample.queue/").json()
+    assert (shown["concurrency"], shown["max_pending"]) == ("queue", 2)
+    assert PIPELINE_COLUMNS[1].value(shown) == "queue (at most 2 waiting)"
     for run in runs:
         assert finished(run).status == RunStatus.SUCCEEDED
     lines = effects_file("queue", "order").read_text().split()
@@ -182,7 +187,7 @@ def test_run_all_never_exceeds_its_concurrency(start_worker: Any) -> None:
         start_worker(concurrency=2)
     parent = finished(start("sample.parent", count=10, concurrency=3, seconds=0.4, tag="limit"), timeout=120)
     assert parent.status == RunStatus.SUCCEEDED, parent.error
-    assert parent.outputs == {"squares": [i * i for i in range(10)]}
+    assert parent.outputs == {"squares": [i * i for i in range(10)], "failed": {}}
     children = Run.objects.filter(parent_run=parent)
     assert children.count() == 10
     assert {c.status for c in children} == {RunStatus.SUCCEEDED}
@@ -191,6 +196,18 @@ def test_run_all_never_exceeds_its_concurrency(start_worker: Any) -> None:
     most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
     assert most <= 3, f"{most} children ran at once"
     assert most >= 2, "children ran in parallel"
+
+
+def test_failed_children_are_told_by_the_position_of_their_inputs(drive: Driver) -> None:
+    parent = driven(drive, start("sample.parent", count=4, concurrency=2, seconds=0, failing=[1, 3]))
+    assert parent.status == RunStatus.SUCCEEDED, parent.error
+    assert parent.outputs is not None
+    failed = parent.outputs["failed"]
+    assert sorted(failed) == ["1", "3"]  # ChildRunFailed.by_input, through JSON
+    assert "RuntimeError: child 1 was told to fail" in failed["1"]
+    assert "child 3 was told to fail" in failed["3"]
+    children = {c.number: c for c in Run.objects.filter(parent_run=parent)}
+    assert sorted(c.status for c in children.values()).count(RunStatus.FAILED) == 2
 
 
 def test_cancelling_the_parent_cancels_and_cleans_every_child(workers: list[Worker]) -> None:

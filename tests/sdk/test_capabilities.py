@@ -101,4 +101,4 @@ def test_a_declared_agent_is_ready_only_once_its_needs_are_published() -> None:
     assert world.run(declared, NeedsInputs(publish=True)).status == "succeeded"
     failed = world.run(declared, NeedsInputs(publish=False))
     assert failed.status == "failed"
-    assert "does not publish ['gpu']" in failed.error_text
+    assert "does not publish ['gpu (it publishes nothing)']" in failed.error_text

@@ -21,6 +21,7 @@ from tests.conftest import REPO
 def test_exported_names_are_pinned() -> None:
     assert sorted(graphene_sdk.__all__) == [
         "Agent",
+        "ArtifactInfo",
         "ArtifactRef",
         "Attached",
         "AttachedAgent",
@@ -28,24 +29,37 @@ def test_exported_names_are_pinned() -> None:
         "Client",
         "ClientError",
         "ConcurrencyLimit",
+        "ConfigError",
         "Context",
         "ExecResult",
         "GrapheneError",
         "Guarantee",
+        "JournalEntry",
+        "LogLine",
         "Need",
         "NonDeterminismError",
         "OutcomeUnknown",
+        "OwnerRef",
+        "Page",
+        "Paged",
         "Pipeline",
         "PutFileResult",
+        "RecordEvent",
+        "RecordInfo",
         "RemoteError",
         "Resource",
         "ResourceFailed",
         "RunCancelled",
+        "RunEvent",
         "RunHandle",
         "RunInfo",
         "SecretRef",
+        "StandHolding",
+        "StandInfo",
+        "StandSummary",
         "StepFailed",
         "StepTimeout",
+        "TreeNode",
         "need",
         "pipeline",
         "registered",
@@ -56,6 +70,7 @@ def test_exported_names_are_pinned() -> None:
         "OutcomeUnknown",
         "NonDeterminismError",
         "ClientError",
+        "ConfigError",
         "RemoteError",
     ):
         assert issubclass(getattr(graphene_sdk, error), graphene_sdk.GrapheneError)
@@ -115,6 +130,35 @@ def test_mypy_accepts_the_right_inputs_and_rejects_a_wrong_type(tmp_path: Path) 
     start_line = next(n for n, line in enumerate(lines, start=1) if "client.start(" in line)
     assert f"client_use.py:{start_line}: error:" in bad.stdout, bad.stdout
     assert '"start" of "Client"' in bad.stdout
+
+
+READER = """
+    from pathlib import Path
+
+    from graphene_sdk import ArtifactInfo, Client, LogLine, RecordInfo, RunEvent, StandInfo, TreeNode
+
+    client = Client(context="ci")
+    ready: list[RecordInfo] = list(client.records.list(labels={"team": "ci"}, phase=["ready"]))
+    tree: TreeNode = client.records.tree(ready[0].id, depth=2)
+    last: list[LogLine] = client.logs.tail(ready[0].id, 20, severity="warning")
+    for line in client.logs.follow(ready[0].id, tail=10):
+        text: str = line.message
+    moves: list[RunEvent] = list(client.runs.watch("run-id", timeout=60))
+    stand: StandInfo = client.stands.get("build")
+    artifact: ArtifactInfo = client.artifacts.put(b"x", name="a.txt", owner=client.stands.ensure("build"))
+    saved: Path = client.artifacts.download(artifact, Path("out"))
+    data: bytes = client.artifacts.read(artifact.id)
+    {WRONG}
+"""
+
+
+@pytest.mark.xdist_group("mypy")
+def test_mypy_checks_what_the_client_reads(tmp_path: Path) -> None:
+    good = run_mypy(tmp_path, READER.replace("{WRONG}", "pass"))
+    assert good.returncode == 0, good.stdout + good.stderr
+    bad = run_mypy(tmp_path, READER.replace("{WRONG}", 'phase: int = client.records.get("id").phase'))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert 'Incompatible types in assignment (expression has type "str", variable has type "int")' in bad.stdout
 
 
 def test_decorator_refuses_bad_definitions() -> None:

@@ -399,6 +399,7 @@ class Fanout(BaseModel):
 class FanoutReport(BaseModel):
     volumes: list[str]
     failures: int = 0
+    failed_inputs: list[int] = []
 
 
 @pipeline("kit-fanout", inputs=Fanout)
@@ -407,7 +408,7 @@ def kit_fanout(ctx: Context, inputs: Fanout) -> FanoutReport:
     try:
         reports = ctx.run_all(kit_shard, shards, concurrency=2)
     except ChildRunFailed as exc:
-        return FanoutReport(volumes=[], failures=len(exc.failures))
+        return FanoutReport(volumes=[], failures=len(exc.failures), failed_inputs=sorted(exc.by_input))
     return FanoutReport(volumes=[r.volume for r in reports])
 
 
@@ -427,7 +428,7 @@ def test_children_run_in_process_owned_by_the_parent_run() -> None:
 def test_a_failed_child_raises_child_run_failed_after_all_children_ended() -> None:
     world = World()
     result = world.run(kit_fanout, Fanout(shards=4, failing=[1, 2]))
-    assert result.unwrap() == FanoutReport(volumes=[], failures=2)
+    assert result.unwrap() == FanoutReport(volumes=[], failures=2, failed_inputs=[1, 2])
     assert [child.status for child in result.children] == ["succeeded", "failed", "failed", "succeeded"]
     world.assert_no_leaks()
 

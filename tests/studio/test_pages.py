@@ -198,3 +198,15 @@ def test_the_start_form_shows_each_fields_error_and_starts_nothing(studio: Clien
     assert 'value="11"' in refused  # what was typed stays
     assert not Run.objects.filter(pipeline__name="sample.form").exists()
     assert studio.get("/pipelines/nosuch/").status_code == 404
+
+
+def test_a_child_runs_page_links_its_parent_and_the_parent_lists_it(studio: Client) -> None:
+    parent = started(1)[0]
+    (child,) = services.run_start_children(
+        parent=parent, pipeline_name="sample.child", inputs=[{"index": 0}], concurrency=1, group=1
+    )
+    page = studio.get(f"/runs/{child.pk}/").content.decode()
+    link = page.split('id="run-parent"')[0].rsplit("<a ", 1)[1]
+    assert f'href="/runs/{parent.pk}/"' in link
+    assert f">sample.wait#{parent.number}</a>" in page
+    assert f'href="/runs/{child.pk}/"' in studio.get(f"/runs/{parent.pk}/").content.decode()

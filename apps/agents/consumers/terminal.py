@@ -127,6 +127,7 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused
         self.record_id: Any = None
         self.opened = asyncio.Event()
         self.ended = False
+        self.exited = False  # the agent reported the program's exit: nothing is left to hang up
         self.watchdog: asyncio.Future[None] | None = None
         # Accept first: a close before accepting is an HTTP 403 for the client, without our code.
         await self.accept()
@@ -192,8 +193,11 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused
     async def disconnect(self, code: int) -> None:
         if self.watchdog is not None:
             self.watchdog.cancel()
-        if self.gateway is not None and not self.ended:
-            self.ended = True
+        self.ended = True
+        # Hang up unless the program is known to have exited: a terminal this side ended for a
+        # reason of its own (the agent looked gone, its connection did not keep up) may still
+        # run on the machine, and a close for a session the gateway no longer has is ignored.
+        if self.gateway is not None and not self.exited:
             try:  # hang up: the gateway records the end when the agent reports the exit
                 await self._to_gateway({"type": "pty.close", "session": self.pty_session, "by": "user"})
             except Exception:  # the gateway's own end closes the terminal if this is lost
@@ -266,6 +270,7 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused
         await self._to_gateway({"type": "pty.ack", "session": self.pty_session, "seq": event["seq"]})
 
     async def pty_exit(self, event: dict[str, Any]) -> None:
+        self.exited = True
         await self._end(event)
 
     async def _end(self, event: dict[str, Any]) -> None:

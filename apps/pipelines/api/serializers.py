@@ -17,6 +17,7 @@ class PipelineOutput(serializers.ModelSerializer):
             "input_schema",
             "output_schema",
             "concurrency",
+            "max_pending",
             "timeout_seconds",
             "updated_at",
         ]
@@ -47,6 +48,12 @@ class RunEventOutput(serializers.ModelSerializer):
 class RunOutput(serializers.ModelSerializer):
     pipeline = serializers.CharField(source="pipeline.name", read_only=True)
     record = serializers.UUIDField(source="record_id", read_only=True, allow_null=True)
+    # The API's field name; DRF's metaclass takes declared fields off the class, so it does not
+    # shadow Field.parent (the serializer a field is bound to) at runtime, only for mypy.
+    parent = serializers.UUIDField(  # type: ignore[assignment]
+        source="parent_run_id", read_only=True, allow_null=True, help_text="the run that started this one"
+    )
+    parent_name = serializers.SerializerMethodField(help_text="the parent run as pipeline#number")
 
     class Meta:
         model = Run
@@ -56,6 +63,8 @@ class RunOutput(serializers.ModelSerializer):
             "number",
             "status",
             "record",
+            "parent",
+            "parent_name",
             "inputs",
             "outputs",
             "error",
@@ -69,6 +78,9 @@ class RunOutput(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_parent_name(self, obj: Run) -> str | None:
+        return str(obj.parent_run) if obj.parent_run_id is not None and obj.parent_run is not None else None
 
 
 class RunStartInput(serializers.Serializer):

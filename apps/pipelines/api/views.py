@@ -85,12 +85,18 @@ class RunViewSet(DoorChecks, viewsets.GenericViewSet):
         parameters=[
             OpenApiParameter("pipeline", str),
             OpenApiParameter("status", str, description="comma-separated statuses"),
+            OpenApiParameter("parent", str, description="the child runs of this run (a run id)"),
         ],
         responses=RunOutput(many=True),
     )
     def list(self, request: Request) -> Response:
         statuses = [s for s in request.query_params.get("status", "").split(",") if s]
-        qs = selectors.run_list(user=request.user, pipeline=request.query_params.get("pipeline"), statuses=statuses)
+        qs = selectors.run_list(
+            user=request.user,
+            pipeline=request.query_params.get("pipeline"),
+            statuses=statuses,
+            parent=request.query_params.get("parent"),
+        ).select_related("pipeline", "parent_run__pipeline")
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(RunOutput(page, many=True).data)
 

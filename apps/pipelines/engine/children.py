@@ -17,7 +17,7 @@ from apps.artifacts import selectors as artifact_selectors
 from apps.artifacts import services as artifacts
 from apps.core.errors import GrapheneError as ServiceError
 from apps.pipelines import services
-from apps.pipelines.choices import TERMINAL, EntryStatus, RunStatus
+from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, TERMINAL, EntryStatus, RunStatus
 from apps.pipelines.engine.journal import _Suspend, is_uuid, result_of
 from apps.pipelines.engine.state import ExecutionState
 from apps.pipelines.models import Run
@@ -26,10 +26,16 @@ from apps.pipelines.models import Run
 def _children_outcome(pipeline: Definition[Any, Any], outcome: dict[str, Any]) -> list[Any]:
     failures: dict[str, str] = outcome.get("failures") or {}
     if failures:
-        lines = "; ".join(f"{run_id}: {why.splitlines()[-1] if why else ''}" for run_id, why in failures.items())
+        position = {run_id: index for index, run_id in enumerate(outcome["children"])}
+        by_input = {position[run_id]: why for run_id, why in failures.items()}
+        lines = "; ".join(
+            f"inputs[{position[run_id]}] (run {run_id}): {why.splitlines()[-1] if why else ''}"
+            for run_id, why in failures.items()
+        )
         raise ChildRunFailed(
             f"{len(failures)} of {len(outcome['children'])} {pipeline.name} run(s) did not succeed: {lines}",
             failures=failures,
+            by_input=by_input,
         )
     return list(outcome["outputs"])
 
@@ -118,7 +124,7 @@ class ChildCalls(ExecutionState):
             blobs.discard(staged)  # a no-op once moved into the store
 
     def attach_artifact(self, name_or_id: str, pipeline: str | None) -> dict[str, Any]:
-        call = f"attach_artifact {name_or_id}" + (f" of {pipeline}" if pipeline else "")
+        call = f"{ATTACH_ARTIFACT_CALL}{name_or_id}" + (f" of {pipeline}" if pipeline else "")
         entry = self.journal.next(call)
         if entry is not None:
             if entry.status == EntryStatus.FAILED:

@@ -28,6 +28,7 @@ from apps.api.params import (
     log_start_params,
 )
 from apps.core import validation
+from apps.core.db import release_pooled_connection
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import LOG_FIELDS, log_batches, log_output, log_rows, log_start
 from apps.observability.services import log_dropped
@@ -207,6 +208,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         if wait:
             deadline = time.monotonic() + timeout
             while record.phase != Phase.DELETED and time.monotonic() < deadline:
+                release_pooled_connection()  # the web's pool is bounded: hold none while asleep
                 time.sleep(0.1)
                 record = Record.objects.get(pk=record.pk)
         code = status.HTTP_200_OK if record.phase == Phase.DELETED else status.HTTP_202_ACCEPTED

@@ -106,7 +106,11 @@ class Machines(RecordRules):
             ok = found is not None and all(values.get(k) == v for k, v in item["where_label"].items())
             ok = ok and all(values.get(k) in allowed for k, allowed in item["where_in"].items())
             if not ok:
-                unmet.append(item["name"] if found is None else f"{item['name']} (it publishes {values})")
+                if found is None:
+                    published = ", ".join(f"{n} {v[0]}".strip() for n, v in sorted(offered.items())) or "nothing"
+                    unmet.append(f"{item['name']} (it publishes {published})")
+                else:
+                    unmet.append(f"{item['name']} (it publishes {values})")
         return unmet
 
     def _attach(self, name_or_id: str, needs: list[dict[str, Any]]) -> Record:

@@ -159,7 +159,7 @@ class WorldRuntime:
         record_id: str,
         label: str,
         argv: Sequence[str],
-        env: Mapping[str, str],
+        env: Mapping[str, str | Mapping[str, str]],
         cwd: str | None,
         timeout: float | None,
         guarantee: Literal["at_least_once", "at_most_once"],
@@ -212,13 +212,14 @@ class WorldRuntime:
         # run and has ended (its records deleted, unless handed to its stand) when this returns.
         self._check()
         children = [self._world._execute(pipeline, dict(item), parent=self._run) for item in inputs]
-        failures = {child.run_id: child.error_text or child.status for child in children if not child.succeeded}
+        failed = [(i, child) for i, child in enumerate(children) if not child.succeeded]
         self._check()
-        if failures:
+        if failed:
             raise ChildRunFailed(
-                f"{len(failures)} of {len(children)} child run(s) of {pipeline.name} did not succeed: "
-                + "; ".join(f"{run_id}: {text}" for run_id, text in failures.items()),
-                failures=failures,
+                f"{len(failed)} of {len(children)} child run(s) of {pipeline.name} did not succeed: "
+                + "; ".join(f"inputs[{i}] (run {c.run_id}): {c.error_text or c.status}" for i, c in failed),
+                failures={child.run_id: child.error_text or child.status for _, child in failed},
+                by_input={i: child.error_text or child.status for i, child in failed},
             )
         return [child.output_json for child in children]
 
