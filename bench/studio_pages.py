@@ -11,7 +11,9 @@ in this process (routing, the session, the admin's frame, the queries, the templ
 network): the home page, the runs list (all, and filtered), a run's page (a random run each
 time), the pipelines list, a pipeline's page with its start form, the stands page, the
 agents board (50 agents declared through the services, each with two capabilities), the
-artifacts list and a run's topology. One
+artifacts list, a run's topology, the records list (the trees, and filtered), a record's
+inspector on each of its tabs (a random run's root each time) and the confirmation page of
+its deletion. One
 warm-up request each, then ``--reps`` timed ones; the query count of each page is taken once.
 
     .venv/bin/python bench/studio_pages.py [--reps 30] [--runs 10000]
@@ -211,6 +213,13 @@ def main() -> None:
             "agents": lambda: "/agents/",
             "artifacts": lambda: "/artifacts/",
             "topology": lambda: f"/topology/runs/{rng.choice(made['runs'])}/",
+            "records": lambda: "/records/record/",
+            "records_filtered": lambda: "/records/record/?kind=test.sleep&phase=ready",
+            **{
+                f"record_{tab}": (lambda tab=tab: f"/records/record/{rng.choice(made['runs'])}/change/?tab={tab}")
+                for tab in ("state", "events", "logs", "metrics", "traces")
+            },
+            "record_delete": lambda: f"/records/record/{rng.choice(made['runs'])}/delete/",
         }
         results: dict[str, float] = {}
         max_queries = 0

@@ -4,7 +4,12 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from graphene_project import process
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "graphene_project.settings.dev")
+# An ASGI server loading this module is the web process (its database connections are pooled);
+# the graphene command has named its process already (then this changes nothing).
+process.declare(process.WEB)
 
 # Django must be set up before anything imports models (consumers, routing).
 django_asgi_app = get_asgi_application()

@@ -4,6 +4,7 @@
     graphene web       the ASGI server (daphne) only
     graphene worker    a Celery worker process
     graphene beat      the Celery beat scheduler
+    graphene token     print a user's API token (creating or rotating it)
     graphene manage    any ``manage.py`` command
 
 Each command checks its settings, database and broker first and exits with status 2 and a
@@ -13,6 +14,8 @@ one-line message naming the setting to fix instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import socket
 import sys
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 DEFAULT_SETTINGS = "graphene_project.settings.dev"
+LISTEN_BACKLOG = 1024
 
 
 def fail(message: str) -> NoReturn:
@@ -42,7 +46,7 @@ def setup_django(*, need_broker: bool) -> None:
 
     from apps.core import health
 
-    checks = [health.check_database()]
+    checks = [health.check_database(direct=True)]
     if need_broker:
         checks.append(health.check_broker())
     for check in checks:
@@ -57,9 +61,13 @@ def serve(*, host: str, port: int, proxy_headers: bool) -> None:
 
     from graphene_project.asgi import application
 
+    # Twisted listens with a backlog of 50: a burst of more connections than that overflowed the
+    # kernel's accept queue, and some clients had theirs reset. 1024, as busy servers use (the
+    # kernel caps it at net.core.somaxconn).
+    endpoints = [f"{e}:backlog={LISTEN_BACKLOG}" for e in build_endpoint_description_strings(host=host, port=port)]
     Server(
         application=application,
-        endpoints=build_endpoint_description_strings(host=host, port=port),
+        endpoints=endpoints,
         signal_handlers=True,
         server_name="graphene",
         proxy_forwarded_address_header="X-Forwarded-For" if proxy_headers else None,
@@ -164,6 +172,32 @@ def cmd_beat(args: argparse.Namespace, extra: Sequence[str]) -> None:
     app.start(["beat", "--loglevel", args.loglevel, "-s", settings.CELERY_BEAT_SCHEDULE_FILENAME, *extra])
 
 
+def cmd_token(args: argparse.Namespace) -> None:
+    """Print USERNAME's API token alone on stdout (for ``TOKEN=$(graphene token admin)``); what
+    this call changed goes to stderr."""
+    setup_django(need_broker=False)
+    from apps.core.errors import GrapheneError
+    from apps.core.services import api_token_issue
+
+    try:
+        issued = api_token_issue(username=args.username, create_user=args.create_user, rotate=args.rotate)
+    except GrapheneError as exc:
+        fail(exc.detail)
+    if args.output == "json":
+        print(json.dumps(dataclasses.asdict(issued)))
+    else:
+        print(issued.token)
+    notes = []
+    if issued.created_user:
+        notes.append(f"created user {issued.username!r} (API only: no password, not staff)")
+    if issued.rotated:
+        notes.append(f"replaced {issued.username!r}'s token: the previous one no longer authenticates")
+    elif issued.created_token:
+        notes.append(f"created a token for {issued.username!r}")
+    for note in notes:
+        print(f"graphene: {note}", file=sys.stderr)
+
+
 def cmd_manage(extra: Sequence[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
     if extra[:1] == ["migrate"]:
@@ -195,16 +229,40 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--loglevel", default="INFO")
     beat = sub.add_parser("beat", help="run the periodic scheduler (TTL, retries, sweeps)")
     beat.add_argument("--loglevel", default="INFO")
+    token = sub.add_parser(
+        "token",
+        help="print a user's API token (the same one each time unless --rotate)",
+        description="Print USERNAME's API token for the REST API, graphenectl and the SDK "
+        "('Authorization: Token <token>'). Each user has one token: it is created on first use and "
+        "printed again unchanged afterwards, unless --rotate replaces it. Needs the database only.",
+    )
+    token.add_argument("username", metavar="USERNAME")
+    token.add_argument(
+        "--create-user",
+        action="store_true",
+        help="create USERNAME if missing, as an API-only account (no password, not staff)",
+    )
+    token.add_argument(
+        "--rotate", action="store_true", help="replace the token with a new one; the old one stops working"
+    )
+    token.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text: the token alone (default); json"
+    )
     sub.add_parser("manage", help="run a manage.py command, e.g. 'graphene manage migrate'", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from graphene_project import process
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["manage"]:
+        process.declare(process.MANAGE)
         cmd_manage(argv[1:])
         return
     args, extra = build_parser().parse_known_args(argv)
+    # Before the settings load: they choose the database connections by process (web: a pool).
+    process.declare(args.command)
     if args.command == "worker":
         cmd_worker(args, extra)
     elif args.command == "beat":
@@ -215,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         cmd_up(args)
     elif args.command == "web":
         cmd_web(args)
+    elif args.command == "token":
+        cmd_token(args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
 from apps.agents import views as agent_views
+from apps.api import errors as api_errors
 from apps.core import views as core_views
 from apps.observability.views import metrics_view  # observability: /metrics
 
@@ -13,6 +14,14 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/", include("apps.observability.api.urls")),  # observability: record metrics, run traces
     path("api/v1/", include("apps.api.urls")),
+    # Anything else under /api/ is the API's JSON 404 (not the Studio's catch-all login redirect).
+    re_path(r"^api(?:/|$)", api_errors.not_found),
     path("agents/download", agent_views.download, name="agents-download"),
     path("", admin.site.urls),
 ]
+
+# Django's own error answers: in the API's JSON shape under /api/, its HTML pages elsewhere.
+handler400 = api_errors.bad_request
+handler403 = api_errors.permission_denied
+handler404 = api_errors.page_not_found
+handler500 = api_errors.server_error

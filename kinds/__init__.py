@@ -14,6 +14,8 @@ not write it: the services own every write) and must be safe to call again after
   must bring an existing object back to its spec) or reports, as the declaration says.
 * Work that goes on elsewhere (a command on an agent's machine) raises ``NotYet`` from
   ``create``, ``delete`` or ``observe``: the call is repeated later, without counting an attempt.
+  A ``create`` that waits on something a user should know about (an agent to connect)
+  raises ``Waiting``: the same, plus one ``Waiting`` note in the record's history.
 * An object on an agent's machine (``agent`` in the spec) is reached through
   ``kinds.machine.machines()`` only: a self-contained function and its JSON arguments run
   there for the record's operation, and the answer comes back in the kinds' own terms
@@ -91,6 +93,14 @@ class NotYet(KindError):
     def __init__(self, message: str, *, retry_in: float = 5.0) -> None:
         super().__init__(message)
         self.retry_in = retry_in
+
+
+class Waiting(NotYet):
+    """Nothing is wrong yet: the object waits on something outside Graphene's hands (an agent
+    that has not dialled in). As ``NotYet`` it counts no attempt, so the wait has no bound of
+    its own (the owner's lifetime, a run's deadline or a deletion ends it); unlike it, the
+    record's history says what it waits on, once, as a ``note`` event with reason ``Waiting``.
+    """
 
 
 @dataclass(frozen=True)
@@ -206,9 +216,11 @@ __all__ = [
     "Kind",
     "KindError",
     "Marked",
+    "NotYet",
     "Observed",
     "PermanentError",
     "UnknownKind",
+    "Waiting",
     "content_ref",
     "get_kind",
     "load",

@@ -110,3 +110,28 @@ def render_install_script(*, server_url: str, pyz_sha256: str, env_file: str, ag
         env_file=env_file if env_file.endswith("\n") else env_file + "\n",
         agent_name_comment=" ".join(agent_name.split())[:100],
     )
+
+
+# Where the cloud-config form writes the script: /run is a tmpfs, so the token in it never
+# reaches the disk, and the script removes itself once it ran.
+CLOUD_INIT_SCRIPT = "/run/graphene-agent-install.sh"
+
+
+def render_cloud_config(*, install_script: str, agent_name: str) -> str:
+    """The install script as ``#cloud-config`` user-data (``write_files`` + ``runcmd``), to
+    merge with other cloud-config; the script alone is user-data too."""
+    content = "".join(f"      {line}\n" if line else "\n" for line in install_script.splitlines())
+    name = " ".join(agent_name.split())[:100]
+    return (
+        "#cloud-config\n"
+        f"# Graphene agent {name}: installs and starts graphene-agent, which dials out to Graphene.\n"
+        "# It holds a single-use bootstrap token: treat it as a secret until the agent has connected.\n"
+        "write_files:\n"
+        f"  - path: {CLOUD_INIT_SCRIPT}\n"
+        '    permissions: "0700"\n'
+        "    owner: root:root\n"
+        "    content: |\n"
+        f"{content}"
+        "runcmd:\n"
+        f'  - [sh, -c, "sh {CLOUD_INIT_SCRIPT}; status=$?; rm -f {CLOUD_INIT_SCRIPT}; exit $status"]\n'
+    )

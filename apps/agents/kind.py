@@ -2,9 +2,10 @@
 
 The "external object" is the agent's live connection (and, with ``needs`` in the spec, the
 capabilities its machine publishes). ``create`` succeeds once the agent is connected (it
-returns the facts of its hello); before that it raises a retryable error, and the gateway
-itself moves the record to ``ready`` the moment the agent says hello (or, with needs, once
-they are published), so a create retry is only a safety net.
+returns the facts of its hello); before that the record waits (``Waiting``: a ``Waiting``
+note in its history, no error and no attempt counted: a machine that takes minutes to boot
+is not a failure), and the gateway itself moves the record to ``ready`` the moment the agent
+says hello (or, with needs, once they are published), so a create retry is only a safety net.
 ``delete`` retires the agent (revokes its credentials, ends its commands, tells it to go)
 and never waits for the machine: a machine that is gone for good must not keep its record
 from being deleted.
@@ -20,7 +21,10 @@ from typing import Any
 from apps.agents.selectors import agent_declared_needs_unmet, agent_is_connected
 from apps.agents.services import agent_retire
 from apps.records.models import Record
-from kinds import Kind, KindError, NotYet, Observed
+from kinds import Kind, NotYet, Observed, Waiting
+
+# The hello moves the record to ready at once: looking again is only a safety net.
+WAIT_RETRY_SECONDS = 60.0
 
 
 class AgentKind(Kind):
@@ -56,7 +60,10 @@ class AgentKind(Kind):
 
     def create(self, record: Record) -> dict[str, Any]:
         if not agent_is_connected(record=record):
-            raise KindError(f"waiting for agent {record.name} to connect (install it with its bootstrap token)")
+            raise Waiting(
+                f"waiting for agent {record.name} to connect (install it with its bootstrap token)",
+                retry_in=WAIT_RETRY_SECONDS,
+            )
         unmet = agent_declared_needs_unmet(record=record)
         if unmet:  # publishing a capability settles it (capability_publish); this is the net
             raise NotYet(f"agent {record.name} is connected but not ready: {'; '.join(unmet)}", retry_in=60)

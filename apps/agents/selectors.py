@@ -18,6 +18,7 @@ from apps.records.models import Record
 from apps.records.selectors import User, filter_labels, record_visible
 
 COMMAND_EXEC_PERMISSION = "agents.add_agentcommand"
+ENROLL_PERMISSION = "agents.add_agent"
 TERMINAL_PERMISSION = "agents.open_terminal"
 
 
@@ -92,6 +93,12 @@ def agent_can_run_commands(*, user: User) -> bool:
     """Running commands on machines is a separate right from seeing them."""
     has_perm = getattr(user, "has_perm", None)  # AbstractBaseUser alone has no permissions
     return bool(user.is_authenticated and has_perm is not None and has_perm(COMMAND_EXEC_PERMISSION))
+
+
+def agent_can_enroll(*, user: User) -> bool:
+    """Declaring an agent and issuing its install token enrolls a machine: its own right."""
+    has_perm = getattr(user, "has_perm", None)
+    return bool(user.is_authenticated and has_perm is not None and has_perm(ENROLL_PERMISSION))
 
 
 def agent_can_open_terminal(*, user: User) -> bool:

@@ -251,7 +251,8 @@ def agent_ssh_install(
 
     Idempotent and safe to call again after a crash at any point. Raises ``SSHInstallError``
     (``transient`` for an unreachable host) and ``HostKeyMismatch``. Notes what it did in the
-    logs of the agent record and of the records in ``log_to`` (the run).
+    log of the agent record, which the run that owns it reads, and in those of the records
+    in ``log_to`` that do not own it.
     """
     from apps.agents.bundle import agent_bundle
 
@@ -306,6 +307,6 @@ def agent_ssh_install(
             "nothing was installed"
         )
     logger.info("%s", message)
-    for record_id in [record.pk, *log_to]:
+    for record_id in [record.pk, *services.logs_beyond_subtree(agent_id=record.pk, record_ids=log_to)]:
         log_write(record_id=record_id, message=message, source="ssh-install")
     return outcome

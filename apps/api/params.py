@@ -10,26 +10,53 @@ from typing import Any
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from rest_framework import serializers
+from rest_framework.permissions import SAFE_METHODS
 
+from apps.core import validation
 from apps.core.errors import ValidationFailed
 
 # The bounds of ``after`` (a line id) and ``tail`` (a number of lines).
 MAX_LINE_ID = 2**62
 MAX_TAIL = 10_000
+# The longest duration an input takes in seconds (a TTL, an extension): a hundred years.
+MAX_SECONDS = 100 * 365 * 86400
+
+
+class StrictInteger(serializers.IntegerField):
+    """A JSON integer, as run inputs are (``graphene_sdk.validation``): not ``true``, not
+    ``"60"``, not ``60.0`` (DRF's IntegerField takes all three)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
+class DoorChecks:
+    """The door's checks for a viewset, once the caller is authenticated and allowed, before
+    any lookup or change:
+
+    * ids in its URL (``path_ids``: URL keyword → what it names): a malformed one is a 400
+      naming it (``id``, ``command_id``), not a 404: no row could ever have that id;
+    * its body, parsed (and so checked: size, depth, storable values) even by an action that
+      does not read it: a cancel with a broken body is refused, not carried out.
+    """
+
+    path_ids: dict[str, str] = {}
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]  # a mixin before a DRF view
+        for kwarg, noun in self.path_ids.items():
+            if kwarg in kwargs:
+                validation.parse_uuid(kwargs[kwarg], field="id" if kwarg == "pk" else kwarg, noun=noun)
+        if request.method not in SAFE_METHODS and request.negotiator.select_parser(request, request.parsers):
+            _ = request.data  # a body no parser of this view takes (a raw upload) is the view's own
 
 
 def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     """An integer query parameter within [lo, hi], ``default`` if absent; a field error otherwise."""
-    raw = params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationFailed(f"{name}={raw!r} is not an integer", fields={name: ["not an integer"]}) from None
-    if not lo <= value <= hi:
-        raise ValidationFailed(f"{name} must be between {lo} and {hi}", fields={name: [f"between {lo} and {hi}"]})
-    return value
+    return validation.parse_int(params.get(name), field=name, default=default, lo=lo, hi=hi)
 
 
 def datetime_param(params: Mapping[str, str], name: str) -> Any:
@@ -37,7 +64,10 @@ def datetime_param(params: Mapping[str, str], name: str) -> Any:
     raw = params.get(name)
     if not raw:
         return None
-    value = parse_datetime(raw)
+    try:
+        value = parse_datetime(raw)
+    except ValueError:  # well formed, but no such date (month 13, hour 25)
+        value = None
     if value is None:
         raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
     if timezone.is_naive(value):

@@ -132,3 +132,19 @@ def closes_connections(fn: Callable[P, T]) -> Callable[P, T]:
             connections.close_all()
 
     return run
+
+
+def is_pooled(using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether this process borrows its connections from a pool (the web process, settings/base.py)."""
+    return bool(connections[using].settings_dict.get("OPTIONS", {}).get("pool"))
+
+
+def release_pooled_connection(using: str = DEFAULT_DB_ALIAS) -> None:
+    """Give this thread's connection back to the pool, for code that waits between queries (a
+    poll loop, a live follow): the pool is bounded, and a waiting request that kept its
+    connection would keep it from the others for the whole wait. The next query borrows one
+    again. Nothing in a process that is not pooled (a new connection per poll would cost more
+    than the one kept), nor inside a transaction."""
+    conn = connections[using]
+    if is_pooled(using) and not conn.in_atomic_block:
+        conn.close()

@@ -19,7 +19,7 @@ from django.db.models import BigIntegerField, Func, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from apps.core.db import is_postgresql
+from apps.core.db import is_postgresql, release_pooled_connection
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
 from apps.observability.services import LOG_WRITER_LOCKS, METRIC_NAME, SEVERITIES, log_sequence
@@ -235,12 +235,21 @@ def log_fetch(rows: Any, after: int, limit: int = LOG_STREAM_BATCH) -> LogBatch:
     return LogBatch(fetched, records, ats)
 
 
+def _log_fetch_released(rows: Any, after: int) -> LogBatch:
+    """``log_fetch``, giving the connection back to the web's pool between polls: a follow
+    lasts as long as its client stays, and must not hold a connection of the bounded pool."""
+    try:
+        return log_fetch(rows, after)
+    finally:
+        release_pooled_connection()
+
+
 async def log_batches(rows: Any, after: int) -> AsyncIterator[LogBatch]:
     """Lines stored after line ``after`` (``LogBatch``), polled by id (the (record, id) index)
     a few times a second, at once again while a backlog fills whole batches; an empty batch
     when a poll found nothing (for keep-alives). Serves the server-sent events and the
     websocket."""
-    fetch = sync_to_async(log_fetch)
+    fetch = sync_to_async(_log_fetch_released)
     while True:
         batch = await fetch(rows, after)
         if batch:
@@ -525,9 +534,14 @@ def trace_tree(
     or lost with a killed worker) hangs under the root."""
     rows = list(Span.objects.filter(trace_id=trace_id).order_by("started_at", "id")[: limit + 1])
     truncated = len(rows) > limit
-    rows = rows[:limit]
-    nodes = [_node(span) for span in rows]
+    nodes = [_node(span) for span in rows[:limit]]
     nodes.extend(extra)
+    return {"trace_id": trace_id, **_tree(root, nodes), "truncated": truncated, "root": root}
+
+
+def _tree(root: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, int]:
+    """Hang ``nodes`` under their parents (under ``root`` when the parent is not among them),
+    children in start order; how many spans, and how many of them failed."""
     by_id = {root["span_id"]: root}
     for node in nodes:
         by_id.setdefault(node["span_id"], node)
@@ -542,10 +556,34 @@ def trace_tree(
 
     order(root)
     errors = sum(1 for n in [root, *nodes] if n["status"] == SpanStatus.ERROR)
-    return {
-        "trace_id": trace_id,
-        "span_count": len(nodes) + 1,
-        "errors": errors,
-        "truncated": truncated,
-        "root": root,
-    }
+    return {"span_count": len(nodes) + 1, "errors": errors}
+
+
+MAX_RECORD_SPANS = 500
+
+
+def record_spans(*, record: Record, limit: int = MAX_RECORD_SPANS) -> dict[str, Any]:
+    """The work done on ``record`` and its subtree (convergences, deletions, steps, commands) as
+    a span tree under the record (the root node spans them all), the first ``limit`` spans
+    by start (through the spans' (record, started_at) index)."""
+    rows = list(
+        Span.objects.filter(record_id__in=subtree_of(record).values("pk")).order_by("started_at", "id")[: limit + 1]
+    )
+    truncated = len(rows) > limit
+    nodes = [_node(span) for span in rows[:limit]]
+    starts = [span.started_at for span in rows[:limit]]
+    ends = [span.ended_at for span in rows[:limit]]
+    root = span_node(
+        trace_id="",
+        span_id=f"record:{record.pk}",
+        parent_span_id=None,
+        name=str(record),
+        record=str(record.pk),
+        run=None,
+        started_at=min(starts) if starts else record.created_at,
+        ended_at=max(ends) if ends else record.created_at,
+        status=SpanStatus.UNSET,
+        status_message="",
+        attributes={"graphene.record.kind": record.kind, "graphene.record.phase": record.phase},
+    )
+    return {"record": str(record.pk), **_tree(root, nodes), "truncated": truncated, "root": root}

@@ -1,53 +1,65 @@
-"""The Studio's view of records: browsable as a tree, read-only; actions call services."""
+"""Records in the Studio. The Studio's pages (``apps/studio/views/records.py``) take the
+places and names of the stock change list and change form: the records list, a record's
+inspector, the confirmation page of a subtree's deletion and the TTL and stand actions. No
+stock form reaches a record's fields (the tree's internals included); every change goes
+through the services, as over the API. Events are listed read-only."""
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
-from mptt.admin import MPTTModelAdmin
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from apps.records import services
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+
 from apps.records.models import Event, Record
 
-
-class EventInline(admin.TabularInline):
-    model = Event
-    fields = readonly_fields = ("created_at", "type", "reason", "message", "data", "actor")
-    extra = 0
-    can_delete = False
-    ordering = ["-id"]
-    max_num = 0
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:  # the stubs' generic is not subscriptable at run time
+    _ModelAdmin = admin.ModelAdmin
 
 
 @admin.register(Record)
-class RecordAdmin(MPTTModelAdmin):
-    list_display = ["name", "kind", "phase", "expires_at", "updated_at", "id"]
-    list_filter = ["phase", "kind", "namespace"]
-    search_fields = ["name", "kind", "=id"]
-    mptt_level_indent = 24
-    inlines = [EventInline]
-    actions = ["delete_subtree"]
-    readonly_fields: list[str] = [f.name for f in Record._meta.fields]
-    list_per_page = 100
+class RecordAdmin(_ModelAdmin):
+    """Routes the model's admin URLs to the Studio's record pages. Reaching them takes the
+    admin's view permission on records, as the stock pages did; each action then makes the
+    API's own check (``record_get``) and calls the API's service."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # records are declared through the API, SDK or CLI
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+        return False  # no form edits a record: the Studio's actions call services
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # deletion goes through the cascade (action below), never a raw row delete
+        return False  # deletion goes through the cascade (the Studio's delete page), never a raw row delete
 
-    @admin.action(description="Delete selected records and their subtrees (children first)")
-    def delete_subtree(self, request: HttpRequest, queryset: QuerySet[Record]) -> None:
-        for record in queryset:
-            services.record_delete_request(record=record, actor=request.user, reason="DeletedInStudio")
-        messages.info(request, f"Deletion requested for {queryset.count()} record(s) and their subtrees.")
+    def get_urls(self) -> list[URLPattern]:
+        from apps.studio.views import records as pages
+
+        site = self.admin_site
+
+        def page(route: str, view: Callable[..., HttpResponse], name: str) -> URLPattern:
+            def viewing(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+                if not self.has_view_permission(request):
+                    raise PermissionDenied
+                return view(request, **kwargs)
+
+            return path(route, site.admin_view(viewing), name=name, kwargs={"site": site})
+
+        def moved(request: HttpRequest, record_id: Any) -> HttpResponse:
+            return HttpResponseRedirect(reverse("admin:records_record_change", args=[record_id], current_app=site.name))
+
+        return [
+            page("", pages.record_list, "records_record_changelist"),
+            page("<uuid:record_id>/change/", pages.record_detail, "records_record_change"),
+            page("<uuid:record_id>/delete/", pages.record_delete, "records_record_delete"),
+            page("<uuid:record_id>/act/", pages.record_act, "records_record_act"),
+            path("<uuid:record_id>/", site.admin_view(moved)),
+        ]
 
 
 @admin.register(Event)

@@ -6,10 +6,11 @@ import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.api.params import log_filter_params, log_start_params
+from apps.core import validation
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import log_batches, log_rows, log_start
 from apps.records.selectors import record_get
@@ -47,9 +48,12 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4401)
             return
         await self.accept()
-        params = {k: v[-1] for k, v in parse_qs(self.scope.get("query_string", b"").decode()).items()}
+        parsed = parse_qs(self.scope.get("query_string", b"").decode(errors="replace"))
+        params = {k: v[-1] for k, v in parsed.items()}
         try:
-            self.rows, after = await sync_to_async(_log_query)(
+            validation.check_params(parsed)  # the REST door's check: storable text only
+            # database_sync_to_async: closes the connection after (the web's pool gets it back).
+            self.rows, after = await database_sync_to_async(_log_query)(
                 user, str(self.scope["url_route"]["kwargs"]["record_id"]), params
             )
         except NotFound as exc:

@@ -72,7 +72,9 @@ class Record(MPTTModel, TimeStampedModel):
         indexes = [
             models.Index(fields=["tree_id", "lft"], name="record_tree_lft"),
             models.Index(fields=["kind", "phase"], name="record_kind_phase"),
-            models.Index(fields=["created_at"], name="record_created"),
+            # Newest first, ties broken by id (the API's cursor pages, the Studio's lists): the
+            # index gives that order, so a filtered page stops after its rows, ties or not.
+            models.Index(fields=["created_at", "id"], name="record_created"),
             # TTL sweep: only live records with a deadline are in this index.
             models.Index(
                 fields=["expires_at"],

@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Count, QuerySet, Subquery
+from django.db.models import Count, F, QuerySet, Subquery, Window
+from django.db.models.functions import RowNumber
 
 from apps.core.db import is_postgresql
 from apps.core.errors import ValidationFailed
@@ -117,9 +118,75 @@ def subtree_of(record: Record) -> QuerySet[Record]:
     )
 
 
+def owners_among(*, record_id: Any, candidates: Sequence[Any]) -> set[str]:
+    """Which of the ``candidates`` (record ids) own ``record_id``, directly or further up the
+    tree, as the query runs (one query)."""
+    if not candidates:
+        return set()
+    me = Record.objects.filter(pk=record_id)
+    owners = Record.objects.filter(
+        pk__in=list(candidates),
+        tree_id=Subquery(me.values("tree_id")),
+        lft__lt=Subquery(me.values("lft")),
+        rght__gt=Subquery(me.values("rght")),
+    )
+    return {str(pk) for pk in owners.values_list("pk", flat=True)}
+
+
 def record_subtree(*, record: Record, depth: int) -> list[Record]:
     """The record and its descendants down to ``depth`` levels, in tree order."""
     return list(subtree_of(record).filter(level__lte=record.level + depth).order_by("lft"))
+
+
+# What lists of records never need to read: their documents (a page of rows stays small).
+LIST_DEFERRED = ("spec", "outputs", "conditions", "moved_from")
+
+
+def record_roots(*, user: User, namespace: str | None = None, include_deleted: bool = False) -> QuerySet[Record]:
+    """The roots of the trees (runs, stands, the sweeper), newest first; tombstones only if asked."""
+    qs = record_visible(user=user).filter(parent__isnull=True)
+    if namespace:
+        qs = qs.filter(namespace=namespace)
+    if not include_deleted:
+        qs = qs.exclude(phase=Phase.DELETED)
+    return qs.defer(*LIST_DEFERRED).order_by("-created_at", "-pk")
+
+
+def record_tree_rows(*, roots: Sequence[Record], per_tree: int, include_deleted: bool = False) -> list[Record]:
+    """Below each of ``roots``: its first ``per_tree`` descendants in tree order, each annotated
+    with ``below`` (how many descendants its root has in all), in one query whatever the count.
+    Rows come by tree, then in tree order (``lft``)."""
+    qs = Record.objects.filter(tree_id__in=[root.tree_id for root in roots], level__gt=0)
+    if not include_deleted:
+        qs = qs.exclude(phase=Phase.DELETED)
+    return list(
+        qs.defer(*LIST_DEFERRED)
+        .annotate(
+            position=Window(RowNumber(), partition_by=[F("tree_id")], order_by=F("lft").asc()),
+            below=Window(Count("pk"), partition_by=[F("tree_id")]),
+        )
+        .filter(position__lte=per_tree)
+        .order_by("tree_id", "lft")
+    )
+
+
+def record_children(*, record: Record, include_deleted: bool = False, limit: int = 200) -> list[Record]:
+    """The records ``record`` owns directly, oldest first (at most ``limit``)."""
+    qs = Record.objects.filter(parent=record)
+    if not include_deleted:
+        qs = qs.exclude(phase=Phase.DELETED)
+    return list(qs.defer(*LIST_DEFERRED).order_by("created_at", "pk")[:limit])
+
+
+def record_subtree_kind_counts(*, record: Record) -> dict[str, int]:
+    """What deleting ``record`` deletes: its live subtree (itself included), counted per kind."""
+    rows = subtree_of(record).exclude(phase=Phase.DELETED).order_by().values_list("kind").annotate(n=Count("pk"))
+    return dict(sorted(rows))
+
+
+def record_subtree_live(*, record: Record, limit: int) -> list[Record]:
+    """The live records of ``record``'s subtree in tree order (at most ``limit``)."""
+    return list(subtree_of(record).exclude(phase=Phase.DELETED).defer(*LIST_DEFERRED).order_by("lft")[:limit])
 
 
 def record_events(*, record: Record) -> QuerySet[Event]:

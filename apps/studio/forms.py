@@ -3,8 +3,9 @@
 Each property becomes a field by its type: text, a whole or decimal number, a yes/no, a choice
 among an enum's values, a list (one item a line), a nested model (a fieldset of its own
 fields, named ``outer.inner``), anything else JSON. What the form posts is turned back into
-typed JSON here; the inputs are then validated by the same service the API calls, and its
-errors (``inputs.outer.inner``) are shown on the fields they name.
+typed JSON here; the inputs are then validated by the same service the API calls (the door's
+rules of ``apps.core.validation``: strict types, storable values), and its errors
+(``inputs.outer.inner``) are shown on the fields they name.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from apps.core import validation
+from apps.core.errors import ValidationFailed
 
 Schema = dict[str, Any]
 MISSING: Any = object()
@@ -177,7 +181,10 @@ def inputs_from_post(fields: list[InputField], post: Any) -> dict[str, Any]:
                 inputs[key] = [_typed(line.strip(), item.item_kind) for line in raw.splitlines() if line.strip()]
             elif item.kind == "json":
                 try:
+                    validation.check_json_text(raw, what="the value")  # before the parser recurses
                     inputs[key] = json.loads(raw)
+                except ValidationFailed as exc:
+                    raise FormError(exc.detail) from None
                 except ValueError as exc:
                     raise FormError(f"not JSON: {exc}") from None
             else:

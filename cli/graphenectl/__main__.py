@@ -7,23 +7,23 @@ import sys
 from rich.text import Text
 
 from graphenectl._errors import CliError
-from graphenectl._output import err
+from graphenectl._output import err, plain_error
 
 
 def report(exc: CliError) -> None:
     """One line saying what happened and what to do; field errors and a hint below it."""
-    err.print(Text("graphenectl: error: ", style="bold red") + Text(exc.message))
+    err.print(Text("graphenectl: error: ", style="bold red") + Text(plain_error(exc.message)))
     for path, messages in exc.fields.items():
-        err.print(Text(f"  {path}: ", style="bold") + Text("; ".join(str(m) for m in messages)))
+        err.print(Text(f"  {path}: ", style="bold") + Text(plain_error("; ".join(str(m) for m in messages))))
     if exc.hint:
         err.print(Text(f"  hint: {exc.hint}", style="dim"))
 
 
 def main() -> None:
-    from graphenectl._cli import app
+    from graphenectl._cli import command
 
     try:
-        app(prog_name="graphenectl")
+        command()(prog_name="graphenectl")
     except CliError as exc:
         report(exc)
         sys.exit(exc.exit_code)

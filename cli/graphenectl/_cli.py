@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
+import typer.main
 
 from graphenectl import __version__
 from graphenectl._cmd_agent import agent_app
@@ -23,7 +25,7 @@ Log in once with `graphenectl login --server URL --token-stdin`, then look with 
 `tree`, `events`, `logs`, `metrics` and `trace`; change records with `apply`, `delete`, `transfer`, \
 `extend` and `release`; \
 drive runs with `run start|watch|result|cancel|resume|list`; move files with `artifact get|put`; \
-open a terminal on a machine with `agent shell`.
+enroll a machine with `agent create` and open a terminal on it with `agent shell`.
 
 Data goes to stdout (-o table|wide|json|yaml|name); progress and hints go to stderr.
 
@@ -89,3 +91,50 @@ app.add_typer(run_app, rich_help_panel=RUNS)
 app.add_typer(stand_app, rich_help_panel=RUNS)
 app.add_typer(artifact_app, rich_help_panel=RUNS)
 app.add_typer(agent_app, rich_help_panel=MACHINES)
+
+
+# How an option's value reads in --help, as click names it (typer would print Python types).
+_VALUE_NAMES = {"str": "TEXT", "list[str]": "TEXT", "int": "INTEGER", "float": "NUMBER"}
+
+
+def _tidy(command: Any) -> None:
+    """Help that reads as a command line's: a flag shows no value (typer prints ``<bool>``), an
+    option its value as click names it (``TEXT``, ``INTEGER``, ``NUMBER``, or its choices), and
+    an argument only its metavar, which already says what it is.
+
+    ``command`` is typer's own (vendored) click command: walked by its attributes."""
+    for param in command.params:
+        if isinstance(param, typer.core.TyperOption):
+            if param.is_flag or param.count:
+                param.metavar = ""
+            elif param.metavar is None:
+                choices = param.type_descriptor.choices
+                if choices:
+                    param.metavar = "|".join(str(getattr(c, "value", c)) for c in choices)
+                else:
+                    shown = param.display_type(None).strip("<>").removesuffix(" range")  # type: ignore[arg-type]  # a context only normalizes choices
+                    param.metavar = _VALUE_NAMES.get(shown, shown.upper())
+        elif isinstance(param, typer.core.TyperArgument):
+            param.display_type_rich = _no_type  # type: ignore[method-assign]  # its metavar names it
+    made = command.get_help_option  # -h/--help is made when help is asked for: a flag too
+
+    def help_option(ctx: Any) -> Any:
+        option = made(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        _tidy(sub)
+
+
+def _no_type(*_: Any, **__: Any) -> None:
+    return None
+
+
+def command() -> Any:
+    """The ``graphenectl`` command (typer's click command), its help tidied (``_tidy``)."""
+    built = typer.main.get_command(app)
+    _tidy(built)
+    return built

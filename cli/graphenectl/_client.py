@@ -172,7 +172,7 @@ class Client:
 
     def page(self, path: str, params: Params | None = None) -> Page:
         body = self.get(path, params)
-        if isinstance(body, list):  # not paginated (kinds, pipelines, stands)
+        if isinstance(body, list):  # not paginated (kinds, stands)
             return Page(body, None)
         return Page(list(body.get("results", [])), body.get("next"))
 

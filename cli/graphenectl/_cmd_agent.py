@@ -28,9 +28,11 @@ from websockets.typing import Origin
 
 from graphenectl import __version__
 from graphenectl._client import _is_loopback
+from graphenectl._cmd_write import parse_labels
 from graphenectl._errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError, NotFoundError, UsageError
+from graphenectl._output import info, note, write
 from graphenectl._resources import split_ref
-from graphenectl._session import session
+from graphenectl._session import record_id, session
 
 # The remote program ended without an exit code (it did not start, or its agent went away), as ssh.
 EXIT_NO_STATUS = 255
@@ -231,6 +233,53 @@ async def _pump_output(ws: ClientConnection) -> dict[str, Any] | None:
     except ConnectionClosed:
         pass
     return None
+
+
+CREATE_HELP = (
+    "Declare an agent and print how to install it: a shell script (default) or, with --cloud-init, "
+    "#cloud-config user data.\n\n"
+    "stdout carries only the install data, which holds a single-use bootstrap token (a secret until the "
+    "agent has used it, valid for an hour by default): pipe it to a file or to your provisioning tool; "
+    "nothing else prints it. The script needs sh and python3 (>= 3.9) on the machine, downloads the agent "
+    "from the server, writes its config (mode 0600) and starts it; the agent dials out, and its record "
+    "becomes ready when it says hello. Creating an existing agent again issues a fresh token.\n\n"
+    "The agent belongs to the stand root 'agents' unless --owner names another owner. Needs the "
+    "agents.add_agent permission.\n\n"
+    "Examples: graphenectl agent create builder-1 -l pool=ci > install.sh && scp install.sh builder-1: \n"
+    "          graphenectl agent create web-1 --cloud-init > user-data.yaml"
+)
+
+
+@agent_app.command("create", help=CREATE_HELP)
+def create(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="the agent's name, unique among its owner's agents")],
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="k=v (repeatable)")] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            "--owner", help="its owner: a record id, run/<id> or stand/<pipeline> (default: stand root 'agents')"
+        ),
+    ] = None,
+    cloud_init: Annotated[
+        bool, typer.Option("--cloud-init", help="print #cloud-config user data instead of the shell script")
+    ] = False,
+) -> None:
+    """Declare an agent and print its install data (see CREATE_HELP)."""
+    body: dict[str, Any] = {"name": name, "labels": parse_labels(label or [])}
+    if owner:
+        body["owner"] = record_id(owner, owner=True)
+    response = session.client().request("POST", "agents/", body=body)
+    answer: dict[str, Any] = response.body
+    agent = answer["agent"]
+    write(answer["cloud_config"] if cloud_init else answer["install_script"])
+    verb = "created" if response.status == 201 else "exists; a fresh bootstrap token was issued"
+    until = f" until {answer['bootstrap_expires_at']}" if answer.get("bootstrap_expires_at") else ""
+    form = "cloud-init user data" if cloud_init else "install script"
+    note(f"agent/{agent['id']} {verb}: {agent['name']} (phase {agent['phase']})")
+    info(
+        f"the {form} on stdout holds a single-use bootstrap token, valid{until}: keep it secret. "
+        f"Then: graphenectl get agents · graphenectl describe agent/{agent['id']}"
+    )
 
 
 SHELL_HELP = (

@@ -11,7 +11,7 @@ from rich.tree import Tree
 
 from graphenectl._errors import UsageError
 from graphenectl._options import OutputOpt
-from graphenectl._output import Column, Format, TableWriter, emit, info, out, write
+from graphenectl._output import Column, Format, TableWriter, emit, error_summary, info, print_unwrapped, write
 from graphenectl._resources import split_ref
 from graphenectl._session import get_record, session
 from graphenectl._time import parse_duration, parse_iso, parse_time, short_time
@@ -138,7 +138,7 @@ def _span_label(node: dict[str, Any], *, wide: bool, origin: datetime | None = N
         label.append(f"  record/{node['record']}", style="dim")
     if node.get("status_message"):
         style = "red" if status == "error" else "dim"
-        label.append(f"  {node['status_message'].splitlines()[0][:160]}", style=style)
+        label.append(f"  {error_summary(node['status_message'])[:160]}", style=style)
     if wide:
         label.append(f"  span {node['span_id']}", style="dim")
         if attributes:
@@ -173,6 +173,7 @@ def trace(
 ) -> None:
     """A run's trace: the run, its execution attempts, steps, convergences, deletions and agent
     commands, as a tree with durations and errors (-o wide adds span ids and attributes).
+    Into a pipe or a file its lines are whole, never cut at the terminal's width.
 
     Examples: graphenectl trace run/<id> · graphenectl trace <id> -o json
     """
@@ -187,7 +188,7 @@ def trace(
         for span in _spans(body["root"]):
             write(f"span/{span['span_id']}")
         return
-    out.print(_span_tree(body["root"], wide=output is Format.wide))
+    print_unwrapped(_span_tree(body["root"], wide=output is Format.wide))
     summary = f"{body['span_count']} span(s), {body['errors']} error(s), trace {body['trace_id']}"
     info(summary + (" (truncated: the oldest spans are shown)" if body.get("truncated") else ""))
 

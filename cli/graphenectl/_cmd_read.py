@@ -25,6 +25,8 @@ from graphenectl._output import (
     emit_change,
     info,
     out,
+    plain_error,
+    print_unwrapped,
     status_style,
     to_yaml,
     warn,
@@ -40,6 +42,7 @@ from graphenectl._resources import (
     resource,
     split_ref,
 )
+from graphenectl._runs import TERMINAL, finish, outcome, run_get, run_view, title
 from graphenectl._session import get_record, record_id, session
 from graphenectl._time import age, between, parse_time, short_time, ttl
 
@@ -190,7 +193,8 @@ def _listing(
             params = {"label": labels, "pipeline": pipeline}
         items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
         if more and not quiet:
-            info(f"showing the newest {len(items)} {res.plural}; more exist (--limit N shows more)")
+            which = "first" if res.name == "pipeline" else "newest"  # pipelines come in name order
+            info(f"showing the {which} {len(items)} {res.plural}; more exist (--limit N shows more)")
         return items, items
 
     return Listing(res, res.columns, res.name_of, many, res.key)
@@ -299,7 +303,11 @@ def get(
     if output in (Format.table, Format.wide) and not rows:
         info(f"no {res.plural} found" if not ident else "nothing held")
         return
-    emit(data, output, columns=listing.columns, name_of=listing.name_of)
+    # JSON and YAML print the API's answer as it came; tables and names print its rows
+    # (for `get stands PIPELINE`, the holdings, not the stand's envelope).
+    emit(
+        data if output in (Format.json, Format.yaml) else rows, output, columns=listing.columns, name_of=listing.name_of
+    )
 
 
 # --- describe --------------------------------------------------------------------------------
@@ -327,8 +335,22 @@ def _styled(value: str) -> Text:
     return Text(value, style=status_style(value) or "")
 
 
+def _run_of(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The run whose root record this is (a ``graphene.run`` record), if it still exists."""
+    if record.get("kind") != "graphene.run":
+        return None
+    ident = str((record.get("spec") or {}).get("run") or record["id"])
+    try:
+        return run_get(ident)
+    except CliError as exc:
+        if exc.exit_code != EXIT_NOT_FOUND:
+            raise
+        return None
+
+
 def _describe_record(record: dict[str, Any]) -> None:
     chain = " > ".join(f"{o['kind']}/{o['name']}" for o in record.get("owner_chain", [])) or "-"
+    run = _run_of(record)
     children = dict(record.get("children") or {})
     total = children.pop("total", 0)
     by_phase = ", ".join(f"{n} {p}" for p, n in children.items())
@@ -340,6 +362,11 @@ def _describe_record(record: dict[str, Any]) -> None:
             ("ID", record["id"]),
             ("Namespace", record.get("namespace")),
             ("Phase", _styled(record["phase"])),
+            *(
+                [("Run", Text(f"run/{run['id']} is ") + _styled(run["status"]) + Text(f" (describe run/{run['id']})"))]
+                if run
+                else []
+            ),
             ("Owner", record.get("owner")),
             ("Owner chain", chain),
             ("Children", f"{total} ({by_phase})" if total else "0"),
@@ -352,7 +379,7 @@ def _describe_record(record: dict[str, Any]) -> None:
             ("Updated", record.get("updated_at")),
             ("Deletion requested", record.get("deletion_requested_at")),
             ("Deleted", record.get("deleted_at")),
-            ("Last error", record.get("last_error")),
+            ("Last error", plain_error(str(record.get("last_error") or ""))),
         ]
     )
     _block("Spec", record.get("spec"))
@@ -374,22 +401,65 @@ def waiting_on(run: dict[str, Any]) -> str:
     return str(value or "-")
 
 
+def _waits(run: dict[str, Any]) -> list[str]:
+    """What a run waits on, by name: its records as ``kind/name (phase)``, child runs as
+    ``run pipeline #n (status)``, anything else (an agent's command) by id."""
+    ids = [str(v) for v in run.get("waiting_on") or []]
+    if not ids:
+        return []
+    client = session.client()
+    known: dict[str, str] = {}
+    if run.get("record"):
+        tree_body = client.get(f"records/{run['record']}/tree/", {"depth": 10})
+        known = {n["id"]: f"{n['kind']}/{n['name']} ({n['phase']})" for n in flatten(tree_body)}
+    named = []
+    for ident in ids:
+        if ident not in known:
+            try:
+                child = run_get(ident)
+            except CliError:
+                try:
+                    other = client.get(f"records/{ident}/")
+                    known[ident] = f"{other['kind']}/{other['name']} ({other['phase']})"
+                except CliError:
+                    known[ident] = ident
+            else:
+                known[ident] = f"run {title(child)} ({child['status']})"
+        named.append(known[ident])
+    return named
+
+
+def _status_line(run: dict[str, Any], waits: list[str]) -> Text:
+    """The run's status and, while it is suspended, why: what it waits on, or until when."""
+    line = _styled(run["status"])
+    if run["status"] in TERMINAL:  # "failed after 2.1s: StepFailed: ..."
+        return line + Text(outcome(run).removeprefix(run["status"]))
+    why = []
+    if waits:
+        why.append("waiting on " + ", ".join(waits))
+    if run.get("wake_at"):
+        why.append(f"sleeping until {run['wake_at']} (in {ttl(run['wake_at'])})")
+    return line + Text(f": {'; '.join(why)}") if why else line
+
+
 def _describe_run(run: dict[str, Any]) -> None:
+    run = run_view(run)
+    waits = _waits(run)
     _kv(
         [
             ("Pipeline", f"{run['pipeline']} #{run.get('number')}"),
             ("ID", run["id"]),
-            ("Status", _styled(run["status"])),
+            ("Status", _status_line(run, waits)),
             ("Record", run.get("record")),
             ("Attempt", run.get("attempt")),
-            ("Waiting on", waiting_on(run)),
+            ("Waiting on", ", ".join(waits) or "-"),
             ("Wakes at", run.get("wake_at")),
             ("Deadline", run.get("deadline_at")),
             ("Created", f"{run.get('created_at')} ({age(run.get('created_at'))} ago)"),
             ("Started", run.get("started_at")),
             ("Finished", run.get("finished_at")),
             ("Duration", between(run.get("started_at"), run.get("finished_at"))),
-            ("Error", run.get("error")),
+            ("Error", plain_error(str(run.get("error") or ""))),
         ]
     )
     _block("Inputs", run.get("inputs"))
@@ -538,6 +608,12 @@ def describe(
                 res, body = RESOURCES["run"], client.get(f"runs/{key}/")
             except CliError:
                 raise exc from None
+        else:
+            # A run's id is its root record's too: a bare one means the run (its status),
+            # not the record that roots its tree (always "ready" while the run lives).
+            run = _run_of(body)
+            if run is not None:
+                res, body = RESOURCES["run"], client.get(f"runs/{run['id']}/")
     else:
         body = client.get(res.item_path(key))
     if output in (Format.table, Format.wide):
@@ -595,7 +671,7 @@ def tree(
     elif output in (Format.json, Format.yaml):
         emit(body, output, columns=[], name_of=lambda n: n["id"])
     else:
-        out.print(render_tree(body))
+        print_unwrapped(render_tree(body))
 
 
 # --- events and logs -------------------------------------------------------------------------
@@ -611,7 +687,11 @@ def _stream(
     limit: int | None,
     print_item: Callable[[dict[str, Any]], None],
     name_of: Callable[[dict[str, Any]], str],
+    run: str | None = None,
 ) -> None:
+    """Print a stream's items; with ``follow``, keep printing new ones until Ctrl-C, or, for a
+    ``run``, until it ends: what was written up to its end is printed, then its final status
+    (as ``run watch`` ends: exit 0 if it succeeded, 4 otherwise)."""
     client = session.client()
     if not follow:
         items, more = client.list(path, params, limit=limit)
@@ -625,6 +705,7 @@ def _stream(
         return
     transient = Transient()
     cursor = client.cursor(path, params)
+    ended: dict[str, Any] | None = None
     try:
         while True:
             got = transient.run(cursor.poll)
@@ -634,22 +715,46 @@ def _stream(
                     emit_change(item, output, table=None, name_of=name_of)
                 else:
                     print_item(item)
-            if not more:
-                time.sleep(interval)
+            if more:
+                continue
+            if ended is not None and got is not None:  # read to the end, after the run ended
+                finish(ended)
+                return
+            if run is not None and got is not None:
+                now = transient.run(lambda: run_get(run))
+                if now is not None and now["status"] in TERMINAL:
+                    ended = now
+                    continue  # once more: what was written before it ended
+            time.sleep(interval)
     except KeyboardInterrupt:
         return
 
 
+def _run_followed(ref: str, record: dict[str, Any]) -> str | None:
+    """The run whose end ends ``-f`` on ``ref``: ``run/<id>``, a bare run id, or a run's root record."""
+    kind, ident = split_ref(ref)
+    if kind.name == "run":
+        return ident
+    if record.get("kind") == "graphene.run":
+        return str((record.get("spec") or {}).get("run") or record["id"])
+    return None
+
+
 def events(
     ref: Annotated[str, typer.Argument(metavar="ID", help="a record id, run/<id> or stand/<pipeline>")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new events until Ctrl-C")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="keep printing new events until Ctrl-C (for a run: until it ends)"),
+    ] = False,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most this many (oldest first)")] = None,
     interval: IntervalOpt = 1.0,
     output: OutputOpt = Format.table,
 ) -> None:
     """The record's history: phase changes, errors, transfers, TTL changes, with the actor.
 
-    Oldest first. With -f, new events are printed as they happen (one JSON object per line with -o json).
+    Oldest first. With -f, new events are printed as they happen (one JSON object per line with -o json);
+    on a run (run/<id>) -f ends when the run ends, with its final status and the exit code of
+    `run watch` (0 succeeded, 4 failed, cancelled or timed out).
     """
     record = get_record(ref)
     wide = output is Format.wide
@@ -663,6 +768,7 @@ def events(
         limit=limit,
         print_item=lambda e: writer.write([e]),
         name_of=lambda e: f"event/{e['id']}",
+        run=_run_followed(ref, record) if follow else None,
     )
 
 
@@ -687,7 +793,9 @@ def logs(
     ref: Annotated[
         str, typer.Argument(metavar="ID", help="a record id or run/<id> (a run's log includes its records')")
     ],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines until Ctrl-C")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new lines until Ctrl-C (for a run: until it ends)")
+    ] = False,
     since: Annotated[str | None, typer.Option("--since", help="from this long ago (10m, 2h) or an ISO time")] = None,
     until: Annotated[str | None, typer.Option("--until", help="up to this long ago or ISO time")] = None,
     grep: Annotated[str | None, typer.Option("--grep", help="only lines containing this text (any case)")] = None,
@@ -705,6 +813,9 @@ def logs(
     output: OutputOpt = Format.table,
 ) -> None:
     """Log lines of a record (and by default of everything it owns), oldest first.
+
+    With -f on a run (run/<id>), it ends when the run ends: the lines written up to its end,
+    then its final status, with the exit code of `run watch` (0 succeeded, 4 otherwise).
 
     Examples: graphenectl logs run/<id> -f --tail 50
               graphenectl logs <id> --since 10m --grep timeout --severity warning
@@ -728,6 +839,7 @@ def logs(
         limit=limit,
         print_item=lambda item: out.print(log_line(item, wide=wide)),
         name_of=lambda item: f"logline/{item['id']}",
+        run=_run_followed(ref, record) if follow else None,
     )
 
 

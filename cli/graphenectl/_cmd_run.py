@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -12,16 +15,29 @@ from rich.live import Live
 from rich.text import Text
 
 from graphenectl import _inputs
-from graphenectl._cmd_read import INPUT_COLUMNS, Transient, flatten, get, render_tree, waiting_on
+from graphenectl._client import Cursor
+from graphenectl._cmd_read import INPUT_COLUMNS, Transient, flatten, get, log_line, render_tree, waiting_on
 from graphenectl._cmd_write import read_document
-from graphenectl._errors import EXIT_INTERRUPTED, EXIT_RUN_FAILED, CliError, UsageError
+from graphenectl._errors import EXIT_INTERRUPTED, CliError, UsageError
 from graphenectl._options import IntervalOpt, OutputOpt
-from graphenectl._output import Format, emit, err, info, note, status_style, to_json, to_yaml, write
+from graphenectl._output import (
+    Format,
+    emit,
+    err,
+    error_summary,
+    info,
+    note,
+    status_style,
+    to_json,
+    to_yaml,
+    write,
+)
 from graphenectl._resources import RESOURCES, RUN_COLUMNS, split_ref
+from graphenectl._runs import TERMINAL, outcome, run_get, title
+from graphenectl._runs import finish as end
 from graphenectl._session import session
-from graphenectl._time import between
+from graphenectl._time import between, parse_iso
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 RUN = RESOURCES["run"]
 
 run_app = typer.Typer(
@@ -35,7 +51,8 @@ def complete_pipeline(incomplete: str) -> list[str]:
     """Pipeline names from the server, for shell completion; nothing if it cannot be asked quickly."""
     try:
         session.timeout = 2.0
-        return [p["name"] for p in session.client().get("pipelines/") if p["name"].startswith(incomplete)]
+        pipelines, _ = session.client().list("pipelines/", limit=None)
+        return [p["name"] for p in pipelines if p["name"].startswith(incomplete)]
     except Exception:  # completion must never print a traceback into the shell
         return []
 
@@ -45,10 +62,6 @@ def run_id(ref: str) -> str:
     if kind is not RUN:
         raise UsageError(f"{ref!r} is not a run; pass a run id or run/<id>")
     return ident
-
-
-def _title(run: dict[str, Any]) -> str:
-    return f"{run['pipeline']} #{run.get('number')}"
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -99,10 +112,13 @@ def check_inputs(pipeline: dict[str, Any], base: Any, pairs: list[str]) -> dict[
 
 # --- watching --------------------------------------------------------------------------------
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+
 
 @dataclass
 class RunView:
-    """What one poll saw: the run, its record tree, and what changed since the previous poll."""
+    """What one poll saw: the run and its record tree."""
 
     run: dict[str, Any]
     tree: dict[str, Any] | None
@@ -110,6 +126,19 @@ class RunView:
     @property
     def records(self) -> list[dict[str, Any]]:
         return flatten(self.tree)[1:] if self.tree else []
+
+    @property
+    def ended(self) -> bool:
+        return self.run["status"] in TERMINAL
+
+    def names(self) -> dict[str, str]:
+        """Record ids (the run's tree) to ``kind/name``."""
+        return {node["id"]: f"{node['kind']}/{node['name']}" for node in (flatten(self.tree) if self.tree else [])}
+
+    def named(self, text: str) -> str:
+        """``text`` with the ids of the run's records replaced by their ``kind/name``."""
+        names = self.names()
+        return _UUID.sub(lambda m: names.get(m.group(0), m.group(0)), text)
 
     def progress(self) -> str:
         records = self.records
@@ -128,12 +157,12 @@ class RunView:
         if not journal:
             return "-"
         entry = journal[-1]
-        return f"{entry['call']} ({entry['status']})"
+        return f"{self.named(entry['call'])} ({entry['status']})"
 
 
 def _poll(run_ref: str) -> RunView:
     client = session.client()
-    run = client.get(f"runs/{run_ref}/")
+    run = run_get(run_ref)
     tree = client.get(f"records/{run['record']}/tree/", {"depth": 10}) if run.get("record") else None
     return RunView(run=run, tree=tree)
 
@@ -141,12 +170,12 @@ def _poll(run_ref: str) -> RunView:
 def _header(view: RunView) -> Text:
     run = view.run
     line = Text()
-    line.append(f"run {_title(run)}", style="bold")
+    line.append(f"run {title(run)}", style="bold")
     line.append(f"  {run['id']}  ", style="dim")
     line.append(run["status"], style=status_style(run["status"]) or "")
     line.append(f"  {between(run.get('started_at'), run.get('finished_at'))}")
-    if run.get("waiting_on"):
-        line.append(f"  waiting on {waiting_on(run)}", style="dim")
+    if run.get("waiting_on") and not view.ended:
+        line.append(f"  waiting on {view.named(waiting_on(run))}", style="dim")
     line.append(f"\nlast call: {view.last_call()}", style="dim")
     return line
 
@@ -155,28 +184,47 @@ def _live_view(view: RunView) -> Group:
     parts: list[Any] = [_header(view)]
     if view.tree:
         parts.append(render_tree(view.tree))
-    parts.append(Text(view.progress(), style="bold"))
+    if view.ended:  # the last line is how it ended, not how many records were ready
+        parts.append(Text(outcome(view.run), style=status_style(view.run["status"]) or "bold"))
+    else:
+        parts.append(Text(view.progress(), style="bold"))
     return Group(*parts)
 
 
 class ChangePrinter:
-    """Line-by-line progress for a non-terminal stderr (CI logs): only what changed."""
+    """Line-by-line progress for a non-terminal stderr (CI logs): only what changed.
+
+    Each poll prints, in this order: the journaled calls that moved (``ctx.log`` calls are
+    shown by their text, from the run's log, with every other log line of its records), the
+    records whose phase changed (by ``kind/name``), the progress line, and the run's status
+    when it changed; a run that ended ends with its status, never with the progress line.
+    """
 
     def __init__(self) -> None:
         self.status = ""
         self.phases: dict[str, str] = {}
-        self.calls = 0
+        self.calls: dict[int, str] = {}
         self.progress = ""
+        self.log: Cursor | None = None
+        self.log_record: str | None = None
 
-    def show(self, view: RunView) -> None:
+    def show(self, view: RunView) -> bool:
+        """Print what changed; True once shown (the run's log was read too)."""
         run = view.run
-        if run["status"] != self.status:
-            err.print(Text(f"run {_title(run)}: {self.status + ' → ' if self.status else ''}{run['status']}"))
-            self.status = run["status"]
-        journal = run.get("journal") or []
-        for entry in journal[self.calls :]:
-            err.print(Text(f"  call {entry['seq']} {entry['call']}: {entry['status']}", style="dim"))
-        self.calls = max(self.calls, len(journal))
+        happened: list[tuple[datetime, int, Text]] = []  # calls and log lines, printed in time order
+        for entry in run.get("journal") or []:
+            if entry["call"] == "log" or self.calls.get(entry["seq"]) == entry["status"]:
+                continue
+            self.calls[entry["seq"]] = entry["status"]
+            line = f"  call {entry['seq']} {view.named(entry['call'])}: {entry['status']}"
+            if entry.get("error"):
+                line += f": {error_summary(str(entry['error']))}"
+            at = parse_iso(entry.get("completed_at") or entry.get("created_at")) or _EPOCH
+            happened.append((at, len(happened), Text(line, style="dim")))
+        for item in self._log_lines(run):
+            happened.append((parse_iso(item.get("at")) or _EPOCH, len(happened), log_line(item, wide=False)))
+        for _, _, text in sorted(happened, key=lambda h: (h[0], h[1])):
+            err.print(text)
         for node in view.records:
             before = self.phases.get(node["id"])
             if before != node["phase"]:
@@ -184,9 +232,28 @@ class ChangePrinter:
                 err.print(Text(f"  {node['kind']}/{node['name']}: {arrow}{node['phase']}"))
                 self.phases[node["id"]] = node["phase"]
         progress = view.progress()
-        if view.records and progress != self.progress:
+        if view.records and progress != self.progress and not view.ended:
             err.print(Text(f"  {progress}", style="bold"))
             self.progress = progress
+        if run["status"] != self.status:
+            err.print(Text(f"run {title(run)}: {self.status + ' → ' if self.status else ''}{run['status']}"))
+            self.status = run["status"]
+        return True
+
+    def _log_lines(self, run: dict[str, Any]) -> list[dict[str, Any]]:
+        """The log lines of the run's records written since the last poll."""
+        record = run.get("record")
+        if not record:
+            return []
+        if record != self.log_record:  # a resumed run may have a new root record
+            self.log, self.log_record = session.client().cursor(f"records/{record}/logs/"), record
+        assert self.log is not None
+        lines: list[dict[str, Any]] = []
+        more = True
+        while more:
+            items, more = self.log.poll()
+            lines.extend(items)
+        return lines
 
 
 def watch_run(ident: str, *, interval: float) -> dict[str, Any]:
@@ -201,7 +268,7 @@ def watch_run(ident: str, *, interval: float) -> dict[str, Any]:
                     if got is not None:
                         view = got
                         live.update(_live_view(view), refresh=True)
-                        if view.run["status"] in TERMINAL:
+                        if view.ended:
                             break
                     time.sleep(interval)
         else:
@@ -210,8 +277,8 @@ def watch_run(ident: str, *, interval: float) -> dict[str, Any]:
                 got = transient.run(lambda: _poll(ident))
                 if got is not None:
                     view = got
-                    printer.show(view)
-                    if view.run["status"] in TERMINAL:
+                    shown = transient.run(functools.partial(printer.show, got))
+                    if view.ended and shown:
                         break
                 time.sleep(interval)
     except KeyboardInterrupt:
@@ -223,18 +290,10 @@ def watch_run(ident: str, *, interval: float) -> dict[str, Any]:
 
 
 def finish(run: dict[str, Any], output: Format | None) -> None:
-    """Report how the run ended; exit 4 unless it succeeded."""
+    """Report how the run ended (its final status is the last line); exit 4 unless it succeeded."""
     if output is not None:
         emit(run, output, columns=RUN_COLUMNS, name_of=RUN.name_of)
-    took = between(run.get("started_at"), run.get("finished_at"))
-    if run["status"] == "succeeded":
-        note(f"run {_title(run)} succeeded in {took}; its result: graphenectl run result {run['id']}")
-        return
-    raise CliError(
-        f"run {_title(run)} {run['status']}: {run.get('error') or 'no error message'}",
-        exit_code=EXIT_RUN_FAILED,
-        hint=f"graphenectl logs run/{run['id']} · graphenectl describe run/{run['id']}",
-    )
+    end(run)
 
 
 # --- commands --------------------------------------------------------------------------------
@@ -282,7 +341,7 @@ def start(
     base = read_document(inputs_file, option="--inputs") if inputs_file else {}
     inputs = check_inputs(definition, {} if base is None else base, input_ or [])
     run = client.post(f"pipelines/{pipeline}/runs/", {"inputs": inputs})
-    note(f"started run {_title(run)} ({run['status']}): run/{run['id']}")
+    note(f"started run {title(run)} ({run['status']}): run/{run['id']}")
     if not watch:
         info(f"watch it: graphenectl run watch {run['id']}")
         emit(run, output or Format.name, columns=RUN_COLUMNS, name_of=RUN.name_of)
@@ -317,15 +376,14 @@ def result(
     ] = Format.json,
 ) -> None:
     """Print what a succeeded run returned. Exit 4 if it failed, 1 if it has not ended (see --wait)."""
-    client = session.client()
     ident = run_id(ref)
-    run = client.get(f"runs/{ident}/")
+    run = run_get(ident)
     while wait and run["status"] not in TERMINAL:
         time.sleep(interval)
-        run = client.get(f"runs/{ident}/")
+        run = run_get(ident)
     if run["status"] not in TERMINAL:
         raise CliError(
-            f"run {_title(run)} has not ended (it is {run['status']})",
+            f"run {title(run)} has not ended (it is {run['status']})",
             hint=f"graphenectl run result {ident} --wait · graphenectl run watch {ident}",
         )
     if run["status"] != "succeeded":
@@ -349,7 +407,7 @@ def cancel(
 ) -> None:
     """Cancel a run: it ends now, and everything it owns is deleted, children first."""
     run = session.client().post(f"runs/{run_id(ref)}/cancel/")
-    note(f"run {_title(run)} is {run['status']}; its records are being deleted")
+    note(f"run {title(run)} is {run['status']}; its records are being deleted")
     emit(run, output, columns=RUN_COLUMNS, name_of=RUN.name_of)
 
 
@@ -362,7 +420,7 @@ def resume(
 ) -> None:
     """Run it again by replay: journaled calls return their recorded results; nothing is redone."""
     run = session.client().post(f"runs/{run_id(ref)}/resume/")
-    note(f"run {_title(run)} resumed ({run['status']})")
+    note(f"run {title(run)} resumed ({run['status']})")
     if watch:
         finish(watch_run(run["id"], interval=interval), output)
         return

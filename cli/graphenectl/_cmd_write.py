@@ -31,6 +31,18 @@ def read_document(source: str, *, option: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(f"{option}: {source} is not YAML or JSON: {exc}") from None
+    except RecursionError:  # the YAML parser recurses once per level
+        raise UsageError(f"{option}: {source} nests too deeply to be read") from None
+
+
+def check_document(document: Any, *, option: str, path: str) -> None:
+    """Refuse what the server would (``graphene_sdk.validation``: NUL characters, lone
+    surrogates, numbers JSON cannot carry, too deep), by path, before anything is sent."""
+    from graphene_sdk import validation  # imported here: only the commands that send documents need it
+
+    problems = validation.json_problems(document, path=path)
+    if problems:
+        raise UsageError(f"{option}: the document cannot be sent as it is; nothing was changed", fields=problems)
 
 
 def parse_labels(values: list[str]) -> dict[str, str]:
@@ -65,7 +77,8 @@ def apply(
 ) -> None:
     """Declare a record of KIND named NAME under an owner; Graphene creates the object.
 
-    Declaring the same KIND and NAME under the same owner again changes nothing (exit 0).
+    Says what it did, as kubectl does: created (a new record), configured (its spec or labels
+    changed: a new generation, which Graphene converges) or unchanged (declared as it is).
 
     Examples:
 
@@ -80,6 +93,7 @@ def apply(
             document = {}
         if not isinstance(document, dict):
             raise UsageError(f"--spec: {spec} must hold a mapping (the kind's spec), not {type(document).__name__}")
+        check_document(document, option="--spec", path="spec")
         body["spec"] = document
     if owner:
         body["owner"] = record_id(owner, owner=True)
@@ -87,11 +101,32 @@ def apply(
         body["ttl_seconds"] = parse_duration(ttl_opt, option="--ttl")
     if namespace:
         body["namespace"] = namespace
-    response = session.client().request("POST", "records/", body=body)
+    client = session.client()
+    before = _declared(kind, name, body["owner"]) if body.get("owner") else None
+    response = client.request("POST", "records/", body=body)
     record = response.body
-    verb = "declared" if response.status == 201 else "unchanged (already declared)"
-    note(f"record/{record['id']} {verb}: {record['kind']}/{record['name']} is {record['phase']}")
+    verb = "created" if response.status == 201 else _change(before, record)
+    generation = f" (generation {record.get('generation')})" if verb == "configured" else ""
+    note(f"record/{record['id']} {verb}{generation}: {record['kind']}/{record['name']} is {record['phase']}")
     _show(record, output)
+
+
+# What a re-declaration may change; the server bumps the generation for spec and labels.
+_DECLARED_FIELDS = ("generation", "spec", "labels", "drift_policy", "observe_every")
+
+
+def _declared(kind: str, name: str, owner: str) -> dict[str, Any] | None:
+    """The live record of KIND and NAME under OWNER, if there is one (to tell what apply did)."""
+    found, _ = session.client().list("records/", {"owner": owner, "kind": kind, "name_prefix": name}, limit=None)
+    same = [r for r in found if r["name"] == name and r["phase"] != "deleted"]
+    return same[0] if same else None
+
+
+def _change(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
+    if before is None:  # declared meanwhile by someone else: this apply set it as it is now
+        return "configured"
+    changed = any(before.get(key) != after.get(key) for key in _DECLARED_FIELDS)
+    return "configured" if changed else "unchanged"
 
 
 def delete(

@@ -3,9 +3,9 @@
 ``--input k=v`` strings are coerced by the schema's type for ``k`` (``replicas=3`` → 3,
 ``flag=true`` → true, ``tags=a,b`` or ``tags=["a","b"]`` → a list; ``db.host=x`` sets a
 nested field), then
-the whole object is validated; every problem is reported at once, by field path. Unknown
-fields are refused unless the schema allows extra properties: the server would drop them
-silently, and a misspelt input should not run with its default.
+the whole object is validated by the rules the server applies too (``graphene_sdk.validation``:
+strict types, values PostgreSQL can store, no undeclared inputs unless the schema allows extra
+properties); every problem is reported at once, by field path.
 """
 
 from __future__ import annotations
@@ -250,37 +250,9 @@ def build(schema: Schema, base: dict[str, Any], pairs: list[str]) -> tuple[dict[
 
 
 def validate(schema: Schema, inputs: Any) -> dict[str, list[str]]:
-    """Every problem with ``inputs``, by field path (``(inputs)`` for the object itself)."""
-    # Imported here: jsonschema is the slowest import of all, and only `run start` needs it.
-    from jsonschema import Draft202012Validator
+    """Every problem with ``inputs``, by field path (``(inputs)`` for the object itself): the
+    SDK's rules (``graphene_sdk.validation``), the very ones the server applies to a start."""
+    # Imported here, as jsonschema inside it: only `run start` needs them, and they are slow.
+    from graphene_sdk import validation
 
-    errors: dict[str, list[str]] = {}
-    if not isinstance(inputs, dict):
-        return {"(inputs)": ["must be a JSON object"]}
-    validator = Draft202012Validator(schema)
-    for error in sorted(validator.iter_errors(inputs), key=lambda e: [str(p) for p in e.absolute_path]):
-        path = ".".join(str(p) for p in error.absolute_path)
-        if error.validator == "required" and isinstance(error.instance, dict):
-            for name in error.validator_value:
-                if name not in error.instance:
-                    where = f"{path}.{name}" if path else str(name)
-                    errors.setdefault(where, []).append("required (it has no default)")
-            continue
-        errors.setdefault(path or "(inputs)", []).append(error.message)
-    _unknown(schema, schema, inputs, "", errors)
-    return errors
-
-
-def _unknown(root: Schema, node: Schema, value: Any, prefix: str, errors: dict[str, list[str]]) -> None:
-    node = resolve(node, root)
-    if not isinstance(value, dict) or node.get("type") not in (None, "object") or _allows_extra(node):
-        return
-    props = node.get("properties")
-    if props is None:
-        return
-    for key, item in value.items():
-        path = f"{prefix}{key}"
-        if key not in props:
-            errors.setdefault(path, []).append(f"unknown input (known here: {', '.join(props) or 'none'})")
-        else:
-            _unknown(root, props[key], item, f"{path}.", errors)
+    return validation.schema_problems(schema, inputs)

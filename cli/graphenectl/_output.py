@@ -8,6 +8,7 @@ JSON and YAML are the REST API's objects as they came; a list is a JSON array of
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -163,6 +164,40 @@ def emit_change(
         write(name_of(item))
     elif table is not None:
         table.write([item])
+
+
+# An exception's class named with its module path where a message starts with it (at a line's
+# start, or after ": "), e.g. ``graphene_sdk._errors.StepFailed: ...``: Python's own format for
+# exceptions outside builtins. Users read (and catch) ``StepFailed``.
+_QUALIFIED_ERROR = re.compile(r"(?m)(^|: |\()((?:[A-Za-z_][A-Za-z0-9_]*\.)+)([A-Z][A-Za-z0-9_]*)(?=:|$)")
+
+
+def plain_error(text: str) -> str:
+    """``text`` with exceptions named by their class only: ``graphene_sdk._errors.StepFailed:
+    boom`` reads ``StepFailed: boom``."""
+    return _QUALIFIED_ERROR.sub(lambda m: m.group(1) + m.group(3), text)
+
+
+def error_summary(text: str) -> str:
+    """One line of an error: a traceback's last line (the exception), else the first line."""
+    lines = [line for line in plain_error(text).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].startswith("Traceback (most recent call last)"):
+        raised = [line for line in lines if not line.startswith((" ", "\t", "Traceback", "("))]
+        return raised[-1] if raised else lines[-1]
+    return lines[0]
+
+
+def print_unwrapped(renderable: Any) -> None:
+    """A tree or other renderable on stdout; into a pipe or file at its full width: a terminal
+    crops at its own width, a pipe must not be cut at 80 columns."""
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    Console(width=1_000_000, soft_wrap=True, highlight=False, markup=False, emoji=False, no_color=True).print(
+        renderable
+    )
 
 
 def info(message: str) -> None:

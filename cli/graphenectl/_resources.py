@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphenectl._errors import UsageError
-from graphenectl._output import Column
+from graphenectl._output import Column, error_summary
 from graphenectl._time import age, between, ttl
 
 
@@ -41,7 +41,7 @@ RECORD_COLUMNS = [
     Column("NAMESPACE", lambda r: r.get("namespace"), wide=True),
     Column("GEN", lambda r: f"{r.get('observed_generation')}/{r.get('generation')}", wide=True),
     Column("LABELS", _labels, wide=True),
-    Column("ERROR", lambda r: _first_line(r.get("last_error")), wide=True),
+    Column("ERROR", lambda r: _first_line(error_summary(str(r.get("last_error") or ""))), wide=True),
 ]
 
 RUN_COLUMNS = [
@@ -54,7 +54,7 @@ RUN_COLUMNS = [
     Column("WAITING ON", lambda r: ",".join(map(str, r.get("waiting_on") or [])) or "-", wide=True),
     Column("RECORD", lambda r: r.get("record"), wide=True),
     Column("ATTEMPT", lambda r: r.get("attempt"), wide=True),
-    Column("ERROR", lambda r: _first_line(r.get("error")), wide=True),
+    Column("ERROR", lambda r: _first_line(error_summary(str(r.get("error") or ""))), wide=True),
 ]
 
 
@@ -163,7 +163,7 @@ JOURNAL_COLUMNS = [
     Column("CALL", lambda j: j.get("call")),
     Column("STATUS", lambda j: j.get("status"), styled=True),
     Column("TOOK", lambda j: between(j.get("created_at"), j.get("completed_at")) if j.get("completed_at") else "-"),
-    Column("ERROR", lambda j: _first_line(j.get("error"), 60) or "-"),
+    Column("ERROR", lambda j: _first_line(error_summary(str(j.get("error") or "")), 60) or "-"),
     Column("RESULT", lambda j: j.get("result"), wide=True),
 ]
 
@@ -192,7 +192,7 @@ RESOURCES = {
     for r in [
         Resource("record", "records", ("rec", "recs", "r"), "records", RECORD_COLUMNS, "id", True),
         Resource("run", "runs", (), "runs", RUN_COLUMNS, "id", True),
-        Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", False),
+        Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", True),
         Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False),
         Resource("agent", "agents", ("ag",), "agents", AGENT_COLUMNS, "id", True),
         Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from celery.schedules import schedule
 
-from graphene_project.settings.env import check_broker_url, check_redis_url, database_from_url, env
+from graphene_project import process
+from graphene_project.settings.env import check_broker_url, check_redis_url, database_from_url, env, pool_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -71,6 +72,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: refuses a path or query PostgreSQL cannot store, and gives every error under /api/
+    # the API's JSON shape, whatever made it (apps/api/middleware.py).
+    "apps.api.middleware.ApiDoorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -78,9 +82,13 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A view that waited the pool's timeout for a database connection answers 503 (the web's pool).
+    "apps.core.middleware.DatabaseBusyMiddleware",
 ]
 
 ROOT_URLCONF = "graphene_project.urls"
+# Under /api/ a failed CSRF check answers in the API's JSON error shape (the Studio's stays HTML).
+CSRF_FAILURE_VIEW = "apps.api.errors.csrf_failure"
 ASGI_APPLICATION = "graphene_project.asgi.application"
 WSGI_APPLICATION = None
 
@@ -99,8 +107,39 @@ TEMPLATES = [
     },
 ]
 
+# Which process this is (graphene_project/process.py): web, up, worker, beat, manage, or "".
+GRAPHENE_PROCESS = process.current()
+# The web process's database connections. Under ASGI each request's synchronous code runs on a
+# thread of its own, with a connection of its own: kept open (CONN_MAX_AGE), they piled up with
+# the threads until PostgreSQL refused new clients (Django advises against persistent
+# connections under ASGI). So the web borrows connections from a pool of at most
+# GRAPHENE_WEB_DB_POOL_MAX (psycopg_pool, through Django) and gives each back when its request
+# ends. A request that finds them all in use waits up to the timeout, then answers 503
+# (apps/core/middleware.py); /readyz shows the pool's state. Workers and beat run a few
+# long-lived threads each and keep their connections (?conn_max_age= of the URL, default 60 s).
+# Size it so that web replicas x GRAPHENE_WEB_DB_POOL_MAX plus workers' and beat's connections
+# stay below PostgreSQL's max_connections.
+GRAPHENE_WEB_DB_POOL_MAX = env.integer("GRAPHENE_WEB_DB_POOL_MAX", 20)
+# Connections kept open while idle (default 2, or the bound when it is lower).
+GRAPHENE_WEB_DB_POOL_MIN = env.integer("GRAPHENE_WEB_DB_POOL_MIN", min(2, GRAPHENE_WEB_DB_POOL_MAX))
+GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS = env.integer("GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS", 10)
+# Checked in every process, so that a wrong bound shows before the web starts with it.
+_WEB_POOL = pool_options(
+    min_size=GRAPHENE_WEB_DB_POOL_MIN,
+    max_size=GRAPHENE_WEB_DB_POOL_MAX,
+    timeout=GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS,
+    name="graphene-web",
+)
+
 if DATABASE_URL:
-    DATABASES = {"default": database_from_url(DATABASE_URL)}
+    DATABASES = {
+        "default": database_from_url(
+            DATABASE_URL,
+            pool=_WEB_POOL if GRAPHENE_PROCESS == process.WEB else None,
+            # What pg_stat_activity shows, so that an operator sees which process holds what.
+            application_name=f"graphene-{GRAPHENE_PROCESS}" if GRAPHENE_PROCESS else "graphene",
+        )
+    }
 else:
     DATABASES = {
         "default": {
@@ -207,7 +246,21 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
+    # Bounded parsers (apps/api/parsers.py): size, depth and storable values checked at the door.
+    "DEFAULT_PARSER_CLASSES": [
+        "apps.api.parsers.JSONParser",
+        "apps.api.parsers.FormParser",
+        "apps.api.parsers.MultiPartParser",
+    ],
+    # ?limit= is checked by the paginators (apps/api/pagination.py): a malformed one is a 400.
 }
+# How many levels of objects and arrays a JSON document may nest (a request body, run inputs,
+# a record's spec or labels); deeper is a 400 before anything parses it.
+GRAPHENE_API_MAX_JSON_DEPTH = env.integer("GRAPHENE_API_MAX_JSON_DEPTH", 64)
+# The largest request body the API and the Studio read into memory (JSON and form bodies), in
+# bytes; larger is a 413. Artifact uploads are streamed and bounded by GRAPHENE_ARTIFACT_MAX_BYTES.
+GRAPHENE_API_MAX_BODY_BYTES = env.integer("GRAPHENE_API_MAX_BODY_BYTES", 10 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = GRAPHENE_API_MAX_BODY_BYTES
 SPECTACULAR_SETTINGS = {
     "TITLE": "Graphene API",
     "DESCRIPTION": "Records, runs and the resources they own.",

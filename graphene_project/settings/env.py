@@ -62,10 +62,20 @@ env = Env()
 _PG_SCHEMES = {"postgres", "postgresql", "pgsql", "postgresql+psycopg"}
 
 
-def database_from_url(url: str, *, setting: str = "GRAPHENE_DATABASE_URL") -> dict[str, Any]:
+def database_from_url(
+    url: str,
+    *,
+    setting: str = "GRAPHENE_DATABASE_URL",
+    pool: dict[str, Any] | None = None,
+    application_name: str = "",
+) -> dict[str, Any]:
     """Translate ``postgresql://user:password@host:port/name?opt=v`` into a Django DATABASES entry.
 
-    Only PostgreSQL is accepted: production mode needs row locks and ``SKIP LOCKED``.
+    Only PostgreSQL is accepted: production mode needs row locks and ``SKIP LOCKED``. With
+    ``pool`` (psycopg_pool's options) connections are borrowed from a pool of this process and
+    given back at the end of each request; the URL's ``conn_max_age`` is then ignored, as
+    Django's pool refuses persistent connections. ``application_name`` is what PostgreSQL
+    shows for the connections (``pg_stat_activity``) unless the URL names one.
     """
     try:
         parts = urlsplit(url)
@@ -79,8 +89,16 @@ def database_from_url(url: str, *, setting: str = "GRAPHENE_DATABASE_URL") -> di
     name = unquote(parts.path.lstrip("/"))
     if not name:
         raise ImproperlyConfigured(f"{setting} names no database; use postgresql://user:password@host:5432/name")
-    options = dict(parse_qsl(parts.query))
-    conn_max_age = int(options.pop("conn_max_age", "60"))
+    options: dict[str, Any] = dict(parse_qsl(parts.query))
+    try:
+        conn_max_age = int(options.pop("conn_max_age", "60"))
+        connect_timeout = int(options.pop("connect_timeout", "5"))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{setting} has a non-integer option: {exc}") from None
+    if application_name:
+        options.setdefault("application_name", application_name)
+    if pool is not None:
+        options["pool"] = pool
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
@@ -89,10 +107,23 @@ def database_from_url(url: str, *, setting: str = "GRAPHENE_DATABASE_URL") -> di
         # An empty host means the local Unix socket, as with libpq.
         "HOST": unquote(parts.hostname or ""),
         "PORT": str(port or ""),
-        "CONN_MAX_AGE": conn_max_age,
+        "CONN_MAX_AGE": 0 if pool is not None else conn_max_age,
         "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": {"connect_timeout": int(options.pop("connect_timeout", "5")), **options},
+        "OPTIONS": {"connect_timeout": connect_timeout, **options},
     }
+
+
+def pool_options(*, min_size: int, max_size: int, timeout: int, name: str) -> dict[str, Any]:
+    """psycopg_pool's options for Django's pool, refusing bounds that cannot work (naming the setting)."""
+    if max_size < 1:
+        raise ImproperlyConfigured(f"GRAPHENE_WEB_DB_POOL_MAX={max_size} must be at least 1")
+    if not 0 <= min_size <= max_size:
+        raise ImproperlyConfigured(
+            f"GRAPHENE_WEB_DB_POOL_MIN={min_size} must be between 0 and GRAPHENE_WEB_DB_POOL_MAX ({max_size})"
+        )
+    if timeout < 1:
+        raise ImproperlyConfigured(f"GRAPHENE_WEB_DB_POOL_TIMEOUT_SECONDS={timeout} must be at least 1")
+    return {"min_size": min_size, "max_size": max_size, "timeout": float(timeout), "name": name}
 
 
 def check_broker_url(url: str, *, setting: str = "GRAPHENE_BROKER_URL") -> str:

@@ -21,11 +21,28 @@ from graphene_sdk._remote import (
     remote_path,
 )
 from graphene_sdk._runtime import Guarantee, Runtime
+from graphene_sdk._secrets import SecretRef
 
 if TYPE_CHECKING:
     pass
 
 T = TypeVar("T")
+
+
+def _exec_env(env: Mapping[str, str | SecretRef] | None) -> dict[str, str | dict[str, str]]:
+    """An exec's environment as it travels: strings, and secret references in their JSON
+    form (``{"$secret": name}``), read on the server where the command is stored."""
+    clean: dict[str, str | dict[str, str]] = {}
+    for key, value in (env or {}).items():
+        if isinstance(value, SecretRef):
+            clean[str(key)] = value.to_json()
+        elif isinstance(value, str):
+            clean[str(key)] = value
+        else:
+            raise TypeError(
+                f"env[{key!r}] is a {type(value).__name__}: exec's env values are strings or ctx.secret(...) references"
+            )
+    return clean
 
 
 class _Handle:
@@ -102,12 +119,17 @@ class _Machine(_Handle):
         self,
         argv: Sequence[str],
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | SecretRef] | None = None,
         cwd: str | None = None,
         timeout: timedelta | float | None = None,
         guarantee: Guarantee = "at_least_once",
     ) -> ExecResult:
         """Run ``argv`` on the machine; the run suspends until it ends (output streams to the log).
+
+        ``env`` values may be ``ctx.secret(...)`` references, as a Docker job's may: only the
+        name travels (journal, events, logs); the value is read on the server when the
+        command is stored, which is then kept encrypted until it is sent (a missing secret
+        fails the call, naming it).
 
         A command is stored before it is sent and de-duplicated by the agent, so a replay or
         a reconnect never runs it twice; an at-most-once command whose agent vanished
@@ -119,7 +141,7 @@ class _Machine(_Handle):
             self.id,
             f"{self.kind}/{self.name}",
             [str(a) for a in argv],
-            dict(env or {}),
+            _exec_env(env),
             cwd,
             _seconds(timeout, "timeout"),
             guarantee,

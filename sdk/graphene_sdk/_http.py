@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Generic, TypeVar
 
 from graphene_sdk._errors import ClientError
+from graphene_sdk.validation import json_problems
 
 API = "/api/v1"
 USER_AGENT = "graphene-sdk/0.1"
@@ -39,6 +40,18 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def refuse_unsendable(body: Any, method: str, path: str) -> None:
+    """Refuse, before sending, a body the server would refuse for what it holds (a NUL
+    character, a lone surrogate, a number JSON cannot carry, too deep): the same rules, the
+    same error (400, ``validation_failed``, by path), and no request."""
+    problems = json_problems(body)
+    if problems:
+        summary = "; ".join(f"{where}: {messages[0]}" for where, messages in problems.items())
+        raise ClientError(
+            f"{method} {path}: not sent: {summary}", status=400, code="validation_failed", fields=problems
+        )
 
 
 def query(params: Params | None) -> str:
@@ -87,6 +100,7 @@ class Transport:
         headers = self.headers()
         data = None
         if body is not None:
+            refuse_unsendable(body, method, path)
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http(s) only

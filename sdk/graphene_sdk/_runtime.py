@@ -64,7 +64,7 @@ class Runtime(Protocol):
         record_id: str,
         label: str,
         argv: Sequence[str],
-        env: Mapping[str, str],
+        env: Mapping[str, str | Mapping[str, str]],
         cwd: str | None,
         timeout: float | None,
         guarantee: Guarantee,

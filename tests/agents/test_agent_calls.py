@@ -20,7 +20,7 @@ from apps.agents.choices import CommandKind, CommandStatus
 from apps.agents.models import AgentCommand
 from apps.agents.services import command_payload_validate
 from apps.core.errors import ValidationFailed
-from apps.observability.models import LogLine
+from apps.observability.selectors import log_lines
 from apps.pipelines import services
 from apps.pipelines.choices import TERMINAL, RunStatus
 from apps.pipelines.models import JournalEntry, Run
@@ -193,8 +193,9 @@ def test_a_run_puts_reads_and_runs_functions_on_the_machine(
         assert put.result["size"] in (len(text), len(call_pipelines.BIG))
     # The function's output streamed into the run's log, as exec output does.
     assert run.record_id is not None
-    logged = set(LogLine.objects.filter(record_id=run.record_id).values_list("message", flat=True))
-    assert f"counted {lines}" in {m.strip() for m in logged}
+    run_log = log_lines(record=Record.objects.get(pk=run.record_id))
+    counted = [m.strip() for m in run_log.values_list("message", flat=True) if m.strip() == f"counted {lines}"]
+    assert counted == [f"counted {lines}"], "once: the run's log reads it on its agent's record"
 
 
 @pytest.mark.system

@@ -104,7 +104,9 @@ def test_exec_needs_the_permission_and_queues_a_command(api: APIClient, operator
     cancelled = operator.post(f"/api/v1/agents/{agent.pk}/commands/{command_id}/cancel/")
     assert cancelled.status_code == 202
     assert cancelled.data["status"] == "cancelled"
-    assert operator.get(f"/api/v1/agents/{agent.pk}/commands/not-a-uuid/").status_code == 404
+    malformed = operator.get(f"/api/v1/agents/{agent.pk}/commands/not-a-uuid/")
+    assert malformed.status_code == 400
+    assert list(malformed.json()["fields"]) == ["command_id"]
 
 
 def test_exec_without_the_permission_is_forbidden(api: APIClient, agent: Record) -> None:
@@ -132,3 +134,59 @@ def test_payload_validation_of_file_commands(agent: Record) -> None:
     with pytest.raises(ValidationFailed) as kind:
         services.command_submit(agent=agent, kind="reboot", payload={})
     assert "kind" in kind.value.fields
+
+
+@pytest.fixture
+def enroller(api: APIClient, user: Any) -> APIClient:
+    user.user_permissions.add(Permission.objects.get(codename="add_agent", content_type__app_label="agents"))
+    return api
+
+
+def test_create_declares_an_agent_and_answers_its_install_data(enroller: APIClient, stand: Record) -> None:
+    response = enroller.post("/api/v1/agents/", {"name": "m1", "labels": {"pool": "ci"}}, format="json")
+    assert response.status_code == 201, response.data
+    assert response["Cache-Control"] == "no-store"
+    body = response.json()
+    assert body["created"] is True
+    assert body["agent"]["name"] == "m1"
+    assert body["agent"]["labels"] == {"pool": "ci"}
+    assert body["install_script"].startswith("#!/bin/sh")
+    assert body["cloud_config"].startswith("#cloud-config\n")
+    assert body["bootstrap_expires_at"]
+    record = Record.objects.get(pk=body["agent"]["id"])
+    assert (record.parent.kind, record.parent.name) == ("graphene.stand", services.STANDALONE_OWNER)
+
+    again = enroller.post("/api/v1/agents/", {"name": "m1"}, format="json")
+    assert again.status_code == 200
+    assert again.json()["agent"]["id"] == body["agent"]["id"]
+    assert again.json()["install_script"] != body["install_script"], "a fresh single-use token"
+
+    owned = enroller.post("/api/v1/agents/", {"name": "m2", "owner": str(stand.pk)}, format="json")
+    assert owned.status_code == 201
+    assert Record.objects.get(pk=owned.json()["agent"]["id"]).parent_id == stand.pk
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "name"),
+        ({"name": "m", "labels": ["a"]}, "labels"),
+        ({"name": "m", "owner": "nope"}, "owner"),
+        ({"name": "m", "lables": {}}, "lables"),
+    ],
+)
+def test_create_refuses_bad_input_and_changes_nothing(enroller: APIClient, body: dict[str, Any], field: str) -> None:
+    response = enroller.post("/api/v1/agents/", body, format="json")
+    assert response.status_code == 400, response.data
+    assert field in response.json()["fields"]
+    assert not Record.objects.filter(kind="agent").exists()
+
+
+def test_create_needs_the_add_agent_permission(operator: APIClient) -> None:
+    response = operator.post("/api/v1/agents/", {"name": "m1"}, format="json")
+    assert response.status_code == 403
+    assert "agents.add_agent" in response.json()["detail"]
+    assert not Record.objects.filter(kind="agent").exists()
+    missing = "00000000-0000-4000-8000-000000000000"
+    refused = operator.post("/api/v1/agents/", {"name": "m1", "owner": missing}, format="json")
+    assert refused.status_code == 403

@@ -35,6 +35,13 @@ def test_logs_follow_prints_command_output_while_it_runs(
         env=env,
     )
     try:
+        # The follower is polling once it has printed a first command's line (graphenectl may
+        # take seconds to start on a loaded machine): only then does the timed one begin.
+        status, body = http(
+            "POST", f"{web.url}/api/v1/agents/{record.pk}/exec/", token=operator, body={"argv": ["echo", "ready"]}
+        )
+        assert status == 202, body
+        read_lines_until(follower, lambda line: json.loads(line)["message"] == "ready", timeout=30)
         script = "for i in 1 2 3 4 5 6; do echo step$i; sleep 0.5; done"
         status, body = http(
             "POST", f"{web.url}/api/v1/agents/{record.pk}/exec/", token=operator, body={"argv": ["sh", "-c", script]}

@@ -19,11 +19,12 @@ from apps.agents.models import AgentToken
 from apps.agents.services import agent_record_declare
 from apps.agents.ssh_install import HostKeyMismatch, SSHInstallError, SSHTarget, agent_ssh_install
 from apps.observability.models import LogLine
+from apps.observability.selectors import log_lines
 from apps.pipelines import services as pipelines
 from apps.pipelines.choices import TERMINAL, RunStatus
 from apps.pipelines.models import JournalEntry, Run
-from apps.records.choices import Phase
-from apps.records.models import Record
+from apps.records.choices import EventType, Phase
+from apps.records.models import Event, Record
 from apps.secrets.services import secret_set
 from tests.agents import ssh_pipelines  # noqa: F401 - registers agents.ssh in this process
 from tests.agents.sshd import SSHServer, ed25519_keypair
@@ -221,7 +222,8 @@ def test_a_run_installs_an_agent_over_ssh_that_connects_and_runs_commands(
     # The run suspended and replayed several times (waiting for the agent, for each command):
     # one SSH session installed the agent, and replays returned the journaled result.
     assert sshd.connections() == connections + 1
-    installed = LogLine.objects.filter(record_id=run.record_id, source="ssh-install").values_list("message", flat=True)
+    run_log = log_lines(record=Record.objects.get(pk=run.record_id))  # its agent's lines are its own
+    installed = run_log.filter(source="ssh-install").values_list("message", flat=True)
     assert len(installed) == 1
     assert f"installed over SSH on {sshd.user}@127.0.0.1:{sshd.port}" in installed[0]
     assert openssh_fingerprint(sshd.host_key.public_line) in installed[0]
@@ -279,13 +281,13 @@ def test_a_run_with_a_wrong_host_key_fails_with_the_mismatch_and_sends_nothing(
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.own_web  # it kills the server
-def test_a_run_waits_for_an_agent_whose_record_gave_up_and_resumes_when_it_connects(
+def test_a_run_waits_for_an_agent_that_cannot_connect_yet_and_resumes_when_it_connects(
     web: WebServer, sshd: SSHServer, start_worker: Callable[..., Worker], monkeypatch: Any, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("GRAPHENE_AGENT_SERVER_URL", web.url)
     monkeypatch.setenv("GRAPHENE_PIPELINE_MODULES", PIPELINE_MODULES)
-    # The agent kind gives up at its first "not connected yet": the record settles in
-    # create_failed while the run still has every reason to wait for the agent.
+    # Waiting for an agent to connect is no failed attempt: even with a single create attempt
+    # allowed, the agent record waits (creating, a Waiting note) while the run waits for it.
     monkeypatch.setenv("GRAPHENE_CREATE_ATTEMPTS", "1")
     secret_set(name=KEY_SECRET, value=sshd.user_key.private_openssh)
     web.kill()  # the installed agent cannot connect for now
@@ -294,13 +296,19 @@ def test_a_run_waits_for_an_agent_whose_record_gave_up_and_resumes_when_it_conne
     run = start_run(sshd)
 
     box = wait_for(
-        lambda: Record.objects.filter(created_by_run_id=run.record_id, name="box", phase=Phase.CREATE_FAILED).first(),
-        timeout=120,
-        what="the agent record to give up waiting",
+        lambda: Record.objects.filter(created_by_run_id=run.record_id, name="box").first(),
+        timeout=60,
+        what="the agent record",
     )
     assert box is not None
+    wait_for(
+        lambda: Event.objects.filter(record=box, type=EventType.NOTE, reason="Waiting").exists(),
+        timeout=60,
+        what="the agent record to say it waits for its agent",
+    )
     wait_for(sshd.agent_processes, timeout=60, what="the agent to be installed and running")
     wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.SUSPENDED, what="the run to wait")
+    assert Record.objects.get(pk=box.pk).phase == Phase.CREATING
     # The web server comes back at the same address: the agent reconnects and says hello.
     (tmp_path / "again").mkdir()
     again = WebServer(tmp_path / "again")
@@ -316,6 +324,7 @@ def test_a_run_waits_for_an_agent_whose_record_gave_up_and_resumes_when_it_conne
         event["data"]["to"]
         for event in Record.objects.get(pk=box.pk).events.filter(type="phase_changed").order_by("id").values("data")
     ]
-    assert phases[:4] == [Phase.CREATING, Phase.CREATE_FAILED, Phase.CREATING, Phase.READY]
+    assert phases[:2] == [Phase.CREATING, Phase.READY]
+    assert not Event.objects.filter(record=box, type=EventType.ERROR).exists(), "waiting is not an error"
     # It waited suspended, woken by the hello, not by going round in circles.
     assert run.attempt < 15, run.attempt

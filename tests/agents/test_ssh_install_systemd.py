@@ -31,6 +31,7 @@ from apps.agents.models import Agent, AgentToken
 from apps.agents.services import agent_record_declare
 from apps.agents.ssh_install import agent_ssh_install
 from apps.observability.models import LogLine
+from apps.observability.selectors import log_lines
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import JournalEntry
 from apps.records.choices import Phase
@@ -229,7 +230,8 @@ def test_systemd_supervises_the_agent_a_rerun_converges_and_deletion_stops_it(
     assert entry.result["install"]["method"] == "systemd"
     box = Record.objects.get(pk=entry.result["record_id"])
     assert run.record_id is not None
-    installed = LogLine.objects.filter(record_id=run.record_id, source="ssh-install").values_list("message", flat=True)
+    run_log = log_lines(record=Record.objects.get(pk=run.record_id))  # its agent's lines are its own
+    installed = run_log.filter(source="ssh-install").values_list("message", flat=True)
     assert len(installed) == 1
     assert "started with systemd" in installed[0]
     wait_for(lambda: Record.objects.get(pk=box.pk).phase == Phase.DELETED, what="the run's agent record to go")

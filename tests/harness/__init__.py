@@ -12,7 +12,8 @@ Three layers, chosen per test by what it promises (CONTRIBUTING.md, "Tests"):
   the test itself for every crash, reconnect, lease and parallelism promise.
 
 Modules: ``net`` (free ports, HTTP), ``wait`` (conditions with deadlines), ``processes``
-(the ``Service`` base, Celery workers and beat, the shared pools), ``web`` (daphne), ``embedded``
-(``graphene up`` and graphenectl), ``agents`` (agent processes), ``docker`` (the busybox image,
-counting labelled objects), ``driver`` (the in-process driver).
+(the ``Service`` base, Celery workers and beat, the shared pools), ``web`` (daphne, and
+``graphene web`` under the production settings), ``embedded`` (``graphene up`` and
+graphenectl), ``agents`` (agent processes), ``docker`` (the busybox image, counting labelled
+objects), ``driver`` (the in-process driver).
 """

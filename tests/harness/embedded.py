@@ -87,7 +87,8 @@ class Ctl:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
-        env.update(XDG_CONFIG_HOME=str(self.config_home), NO_COLOR="1", COLUMNS="200", **self.extra_env, **extra)
+        env.update({"XDG_CONFIG_HOME": str(self.config_home), "NO_COLOR": "1", "COLUMNS": "200"})
+        env.update({**self.extra_env, **extra})  # either may set COLUMNS too
         return env
 
     def __call__(

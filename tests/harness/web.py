@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import sys
 import urllib.parse
+import uuid
 from pathlib import Path
 from typing import Any
 
 from tests.harness.net import fetch, free_port
-from tests.harness.processes import CHANNEL_LAYER_URL, Service, process_env
+from tests.harness.processes import CHANNEL_LAYER_URL, REPO, Service, process_env
 from tests.harness.wait import wait_for
 
 
@@ -71,3 +72,39 @@ class WebServer(Service):
             timeout=timeout,
             what=f"the web server to see every agent go (log {self.log})",
         )
+
+
+class ProductionWeb(WebServer):
+    """``graphene web`` under the production settings (``graphene_project.settings.prod``) on the
+    session's test database, broker and channel layer, plain HTTP on loopback. For promises about
+    one web process as installed (its database connections): ``env`` adds settings.
+
+    Its connections carry an ``application_name`` of their own (``pg_stat_activity`` tells them
+    from those of other processes and sessions)."""
+
+    def __init__(self, log_dir: Path, **env: str) -> None:
+        super().__init__(log_dir)
+        self.what = f"graphene web on port {self.port}"
+        self.application_name = f"graphene-web-test-{uuid.uuid4().hex[:8]}"
+        self.env = env
+
+    def start(self) -> ProductionWeb:
+        database_url = process_env()["GRAPHENE_DATABASE_URL"] + f"?application_name={self.application_name}"
+        script = Path(sys.executable).parent / "graphene"
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "graphene_project.cli"]
+        self.spawn(
+            [*command, "web", "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=REPO,
+            env=process_env(
+                DJANGO_SETTINGS_MODULE="graphene_project.settings.prod",
+                GRAPHENE_DATABASE_URL=database_url,
+                GRAPHENE_SECRET_KEY="test-only-8fQ2mZ7vK1xR4tW9yB6nC3jH5sL0dP2gA7uE4iO9-not-secret",
+                GRAPHENE_SECRETS_KEY="test-only-secrets-key-not-secret",
+                GRAPHENE_CHANNEL_LAYER_URL=CHANNEL_LAYER_URL,
+                GRAPHENE_AGENT_SERVER_URL=self.url,
+                # No TLS in front of it here: plain HTTP must not be redirected.
+                GRAPHENE_SECURE_SSL_REDIRECT="0",
+                **self.env,
+            ),
+        )
+        return self

@@ -320,6 +320,7 @@ def adopt(ctx: Context, inputs: Empty) -> None:
 
 class AgentInputs(BaseModel):
     env_path: str
+    secret: str = ""  # with a name: a third command gets that secret in its environment
 
 
 class AgentOutput(BaseModel):
@@ -327,6 +328,7 @@ class AgentOutput(BaseModel):
     stdout: str
     stderr: str
     greeting: str
+    secret_digest: str = ""
 
 
 def _write_private(path: str, text: str) -> str:
@@ -343,8 +345,16 @@ def on_a_machine(ctx: Context, inputs: AgentInputs) -> AgentOutput:
     ctx.step("install", _write_private, inputs.env_path, box.install_env())
     first = box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
     second = box.exec(["sh", "-c", 'echo "$GREETING from $(pwd)"'], env={"GREETING": "hello"}, cwd="/tmp")
+    digest = ""
+    if inputs.secret:  # the value reaches the program; only its digest comes back
+        script = 'printf %s "$TOKEN" | sha256sum | cut -d" " -f1'
+        digest = box.exec(["sh", "-c", script], env={"TOKEN": ctx.secret(inputs.secret), "PLAIN": "x"}).stdout_tail
     return AgentOutput(
-        exit_code=first.exit_code, stdout=first.stdout_tail, stderr=first.stderr_tail, greeting=second.stdout_tail
+        exit_code=first.exit_code,
+        stdout=first.stdout_tail,
+        stderr=first.stderr_tail,
+        greeting=second.stdout_tail,
+        secret_digest=digest.strip(),
     )
 
 
@@ -476,3 +486,29 @@ def chatter(ctx: Context, inputs: ChatterInputs) -> ChatterOutput:
     if inputs.fail:
         raise RuntimeError("asked to fail")
     return ChatterOutput(lines=inputs.lines)
+
+
+class CliInputs(BaseModel):
+    lines: int = Field(default=2, ge=0, le=100)
+    hold_seconds: float = Field(default=0, ge=0)
+    fail: bool = False
+
+
+class CliRefused(Exception):
+    """Raised by ``sample.cli``: a class of the pipeline's own module, named by its path in a
+    traceback (``tests.pipelines.sample.CliRefused``)."""
+
+
+@pipeline("sample.cli", inputs=CliInputs)
+def cli(ctx: Context, inputs: CliInputs) -> None:
+    """What graphenectl's tests watch: a record owning another, log lines, a durable pause, and
+    a failure of the program's own."""
+    box = ctx.declare("test.sleep", "box", {"create_ms": 100})
+    ctx.declare("test.sleep", "inner", parent=box)
+    box.ready()
+    for i in range(inputs.lines):
+        ctx.log(f"line {i} from the run")
+    if inputs.hold_seconds:
+        ctx.sleep(inputs.hold_seconds)
+    if inputs.fail:
+        raise CliRefused("the smoke test said no")

@@ -228,7 +228,7 @@ def test_api_start_get_cancel_resume(workers: list[Worker], api: APIClient) -> N
     assert effect_count(run_id, "act-started") == 2
     listing = api.get("/api/v1/runs/?pipeline=sample.step&status=succeeded").json()
     assert [r["id"] for r in listing["results"]] == [run_id]
-    pipelines = {p["name"]: p for p in api.get("/api/v1/pipelines/").json()}
+    pipelines = {p["name"]: p for p in api.get("/api/v1/pipelines/").json()["results"]}  # paged
     assert pipelines["sample.tree"]["input_schema"]["properties"]["branches"]["maximum"] == 10
 
 

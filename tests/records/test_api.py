@@ -168,7 +168,9 @@ def test_detail_tree_and_events(api: APIClient) -> None:
     assert [e["type"] for e in second["results"]] == [EventType.TTL_CHANGED, EventType.TTL_CHANGED]
 
     assert api.get("/api/v1/records/00000000-0000-4000-8000-000000000000/").status_code == 404
-    assert api.get("/api/v1/records/nope/").status_code == 404
+    malformed = api.get("/api/v1/records/nope/")  # no record could have it: a 400 naming it
+    assert malformed.status_code == 400
+    assert malformed.json()["fields"] == {"id": ["not a record id (a UUID)"]}
 
 
 def test_transfer_extend_release_over_the_api(api: APIClient) -> None:

@@ -136,3 +136,32 @@ class ExecInput(serializers.Serializer[Any]):
                 {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
             )
         return attrs
+
+
+class AgentCreateInput(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=253, help_text="the agent's name, unique among its owner's agents")
+    labels = serializers.DictField(
+        child=serializers.CharField(allow_blank=True), required=False, default=dict, help_text="k: v labels"
+    )
+    owner = serializers.UUIDField(
+        required=False, allow_null=True, help_text="the owning record's id (default: the stand root 'agents')"
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
+            )
+        return attrs
+
+
+class AgentEnrollmentOutput(serializers.Serializer[Any]):
+    """The agent and its install data. Both forms hold one single-use bootstrap token: a secret
+    until the agent has connected with it."""
+
+    agent = AgentOutput()
+    created = serializers.BooleanField(help_text="false: the agent existed; this is a fresh token for it")
+    install_script = serializers.CharField(help_text="a POSIX shell script; also usable as cloud-init user-data")
+    cloud_config = serializers.CharField(help_text="the same as #cloud-config user-data (write_files + runcmd)")
+    bootstrap_expires_at = serializers.DateTimeField(allow_null=True)

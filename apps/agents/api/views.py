@@ -14,12 +14,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.agents import selectors, services
-from apps.agents.api.serializers import AgentOutput, CommandOutput, ExecInput
+from apps.agents.api.serializers import (
+    AgentCreateInput,
+    AgentEnrollmentOutput,
+    AgentOutput,
+    CommandOutput,
+    ExecInput,
+)
 from apps.agents.choices import CommandKind
 from apps.api.pagination import NewestFirst
+from apps.api.params import DoorChecks
 from apps.core.errors import ValidationFailed
 from apps.records.models import Record
-from apps.records.selectors import parse_label_selector
+from apps.records.selectors import parse_label_selector, record_get
 
 COMMAND_ID = OpenApiParameter("command_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 
@@ -40,9 +47,17 @@ def _require_exec(request: Request) -> None:
         raise PermissionDenied(f"running commands on agents needs the {selectors.COMMAND_EXEC_PERMISSION} permission")
 
 
-class AgentViewSet(viewsets.GenericViewSet[Any]):
+def _require_enroll(request: Request) -> None:
+    if not selectors.agent_can_enroll(user=request.user):
+        raise PermissionDenied(
+            f"declaring an agent and issuing its install token needs the {selectors.ENROLL_PERMISSION} permission"
+        )
+
+
+class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
     """Agents (records of kind ``agent``) with their connection state, facts and commands."""
 
+    path_ids = {"pk": "agent", "command_id": "command"}
     serializer_class = AgentOutput
     pagination_class = NewestFirst
     queryset = Record.objects.none()
@@ -63,6 +78,32 @@ class AgentViewSet(viewsets.GenericViewSet[Any]):
         )
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(AgentOutput(page, many=True).data)
+
+    @extend_schema(request=AgentCreateInput, responses={201: AgentEnrollmentOutput, 200: AgentEnrollmentOutput})
+    def create(self, request: Request) -> Response:
+        """Declare an agent for a machine installed by hand or by cloud-init, and get its install
+        data (201; 200 with a fresh token if it existed). The answer holds a single-use
+        bootstrap token: it is not stored, logged or cached anywhere."""
+        _require_enroll(request)
+        data = AgentCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        owner = record_get(user=request.user, record_id=v["owner"]) if v.get("owner") else None
+        enrollment = services.agent_enroll(name=v["name"], labels=v["labels"], owner=owner, actor=request.user)
+        body = AgentEnrollmentOutput(
+            {
+                "agent": selectors.agent_get(user=request.user, agent_id=enrollment.record.pk),
+                "created": enrollment.created,
+                "install_script": enrollment.install_script,
+                "cloud_config": enrollment.cloud_config,
+                "bootstrap_expires_at": enrollment.bootstrap_expires_at,
+            }
+        ).data
+        return Response(
+            body,
+            status=status.HTTP_201_CREATED if enrollment.created else status.HTTP_200_OK,
+            headers={"Cache-Control": "no-store"},
+        )
 
     @extend_schema(responses=AgentOutput)
     def retrieve(self, request: Request, pk: str) -> Response:

@@ -28,6 +28,8 @@ from django.conf import settings
 from graphene_agent import protocol
 
 from apps.agents import services
+from apps.core import validation
+from apps.core.errors import ValidationFailed
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +170,14 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         facts = message.get("facts")
         if not isinstance(facts, dict):
             raise ProtocolError("the hello must carry a facts object")
+        # What the hello carries is stored: refused, by path, if PostgreSQL cannot store it.
+        try:
+            validation.check_json(
+                {"facts": facts, "instance": message.get("instance", ""), "version": message.get("version", "")},
+                what="the hello",
+            )
+        except ValidationFailed as exc:
+            raise ProtocolError(exc.detail) from None
         session = uuid.uuid4()
         previous = await database_sync_to_async(services.agent_connect)(
             record_id=self.record_id,

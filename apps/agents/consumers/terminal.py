@@ -21,7 +21,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.agents import selectors, services
 from apps.agents.consumers.gateway import channel_send
-from apps.core.errors import NotFound
+from apps.core import validation
+from apps.core.errors import NotFound, ValidationFailed
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,12 @@ def _dimension(params: dict[str, str], name: str, default: int) -> int:
 
 
 def _terminal_params(query_string: bytes) -> dict[str, Any]:
-    params = {k: v[-1] for k, v in parse_qs(query_string.decode(errors="replace")).items()}
+    parsed = parse_qs(query_string.decode(errors="replace"))
+    try:
+        validation.check_params(parsed)  # the REST door's check: a NUL cannot reach the machine's shell
+    except ValidationFailed as exc:
+        raise TerminalRefused(CLOSE_BAD_REQUEST, exc.detail) from None
+    params = {k: v[-1] for k, v in parsed.items()}
     term = params.get("term") or DEFAULT_TERM
     if len(term) > 64 or not all(c.isalnum() or c in "-_.+" for c in term):
         raise TerminalRefused(CLOSE_BAD_REQUEST, f"term={term[:64]!r} is not a terminal type")

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import transaction
 from graphene_agent import protocol
+from graphene_sdk._secrets import secret_ref_name
 
 from apps.agents.choices import IN_FLIGHT, OPEN, TERMINAL, TRANSITIONS, CommandKind, CommandStatus, Guarantee
 from apps.agents.models import Agent, AgentCommand, AgentToken
@@ -28,7 +29,9 @@ from apps.agents.services.payloads import command_payload_validate
 from apps.core import domain
 from apps.core.errors import Conflict, GrapheneError
 from apps.core.events import publish_on_commit
+from apps.core.validation import storable_text
 from apps.observability.services import log_write_lines
+from apps.records import selectors as records_selectors
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -74,6 +77,7 @@ def command_submit(
     operation: str = "",
     sealed: bool = False,
     in_process: bool = False,
+    resolve_secrets: bool = False,
 ) -> AgentCommand:
     """Store a command for ``agent`` and tell its connection (if any) after commit.
 
@@ -90,11 +94,18 @@ def command_submit(
     timeouts: the kinds' operations on a machine) lets the agent call it in a thread of its
     process instead of a fresh interpreter, about 100 ms less a call; never a user's function,
     and not a field the API accepts.
+    ``resolve_secrets``: an exec's ``env`` may hold secret references (``{"$secret": name}``,
+    ``ctx.secret`` in a pipeline): their values are read from the secret store here, at the
+    point of use, and the payload is sealed. For the pipelines' commands only: the right to
+    run commands is not the right to read secrets, so the API never sets it.
     """
     if agent.kind != AGENT_KIND:
         raise _fail("agent", f"{agent} is not an agent record")
     if guarantee not in Guarantee.values:
         raise _fail("guarantee", f"unknown guarantee {guarantee!r}; guarantees are {Guarantee.values}")
+    if resolve_secrets and kind == CommandKind.EXEC:
+        payload, has_secrets = _env_secrets_resolved(payload, namespace=agent.namespace)
+        sealed = sealed or has_secrets
     clean = command_payload_validate(kind, payload)
     if in_process:
         if kind != CommandKind.CALL:
@@ -145,12 +156,31 @@ def command_cancel(*, command: AgentCommand, actor: records.Actor = None) -> Age
 # --- delivery and results (called by the gateway consumer) ------------------------------------
 
 
+def _env_secrets_resolved(payload: Mapping[str, Any], *, namespace: str) -> tuple[Mapping[str, Any], bool]:
+    """The payload with each secret reference in its ``env`` replaced by the secret's value
+    (``SecretNotFound`` names a missing one), and whether there was any."""
+    from apps.secrets.services import secret_resolve
+
+    env = payload.get("env")
+    if not isinstance(env, Mapping):
+        return payload, False
+    names = {key: secret_ref_name(value) for key, value in env.items()}
+    if not any(names.values()):
+        return payload, False
+    resolved = {
+        key: secret_resolve(name=name, namespace=namespace) if name is not None else value
+        for (key, value), name in zip(env.items(), names.values(), strict=True)
+    }
+    return {**payload, "env": resolved}, True
+
+
 def _seal(command_id: uuid.UUID, payload: dict[str, Any]) -> dict[str, Any]:
-    """The payload encrypted (bound to the command's id); only its function's name stays readable."""
+    """The payload encrypted (bound to the command's id); only a function's name and an exec's
+    argv stay readable (what the command is, for the Studio, the API and its trace span)."""
     from apps.secrets.crypto import encrypt
 
     ciphertext, _key = encrypt(namespace="agent-command", name=str(command_id), value=json.dumps(payload))
-    visible = {"name": payload["name"]} if "name" in payload else {}
+    visible = {key: payload[key] for key in ("name", "argv") if key in payload}
     return {SEALED: ciphertext, **visible}
 
 
@@ -276,14 +306,28 @@ def command_output(*, record_id: Any, command_id: Any, seq: int, stream: str, da
     return seq
 
 
+def logs_beyond_subtree(*, agent_id: Any, record_ids: Sequence[Any]) -> list[Any]:
+    """The records, of ``record_ids``, whose logs need a copy of the agent's lines: those that
+    do not own the agent. A record's log shows its subtree's lines, so an owner (the run that
+    declared the agent) reads them on the agent's record, and a copy would show each twice;
+    a run that attached another's agent gets its copy."""
+    owners = records_selectors.owners_among(record_id=agent_id, candidates=[str(r) for r in record_ids])
+    return [r for r in record_ids if str(r) not in owners]
+
+
 def _log_lines(command: AgentCommand, lines: Sequence[str], *, stream: str) -> None:
     """The bulk form of ``observability.services.log_write`` (same fields, one statement per chunk).
 
     A chunk carries many lines; one statement per chunk instead of per line is what lets an
-    agent stream tens of thousands of lines a second.
+    agent stream tens of thousands of lines a second. The lines go to the agent's record and
+    to the ``log_to`` records that do not own it (``logs_beyond_subtree``), looked up per
+    chunk: ownership may change while a command runs.
     """
     log_write_lines(
-        record_ids=[command.agent_id, *command.log_record_ids],
+        record_ids=[
+            command.agent_id,
+            *logs_beyond_subtree(agent_id=command.agent_id, record_ids=command.log_record_ids),
+        ],
         lines=lines,
         stream=stream,
         source=f"command/{command.pk}",
@@ -312,10 +356,12 @@ def command_finish(*, record_id: Any, command_id: Any, result: Mapping[str, Any]
         _command_finish_row(
             command,
             CommandStatus(status),
-            error=error,
+            error=storable_text(error),
             exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
-            stdout_tail=str(result.get("stdout_tail") or "")[-MAX_TAIL_CHARS:],
-            stderr_tail=str(result.get("stderr_tail") or "")[-MAX_TAIL_CHARS:],
+            # A program's output may hold NUL (and a broken agent lone surrogates): stored as
+            # U+FFFD, as its log lines are, or the result could never be stored.
+            stdout_tail=storable_text(str(result.get("stdout_tail") or "")[-MAX_TAIL_CHARS:]),
+            stderr_tail=storable_text(str(result.get("stderr_tail") or "")[-MAX_TAIL_CHARS:]),
             result=extra,
         )
     return command

@@ -98,6 +98,59 @@ def agent_declare(
     return AgentInstall(record=record, bootstrap_token=token, install_script=script)
 
 
+@dataclass(frozen=True)
+class AgentEnrollment:
+    """What ``agent_enroll`` returns: the record, whether it is new, and the install data (each
+    form holds the same single-use bootstrap token, a secret until the agent has used it)."""
+
+    record: Record
+    created: bool
+    install_script: str
+    cloud_config: str
+    bootstrap_expires_at: datetime | None
+
+
+# The owner of agents declared by hand (the API, graphenectl) when no owner is named: a root
+# of their own, so that no run's or pipeline's death takes a standing machine with it.
+STANDALONE_OWNER = "agents"
+
+
+def agent_enroll(
+    *,
+    name: str,
+    labels: dict[str, str] | None = None,
+    owner: Record | None = None,
+    actor: records.Actor = None,
+) -> AgentEnrollment:
+    """Declare an agent for a machine that is installed by hand or by cloud-init (``agent_declare``)
+    and return its install data: the install script and the same as ``#cloud-config``.
+
+    Without ``owner`` the record belongs to the stand root ``agents`` (made when first needed).
+    Declaring it again returns the same record with a fresh bootstrap token. The token is only
+    returned: no event, log line or journal entry holds it.
+    """
+    from apps.agents.install import render_cloud_config
+
+    if owner is None:
+        owner = records.record_ensure_root(kind="graphene.stand", name=STANDALONE_OWNER)
+    existed = Record.objects.filter(parent=owner, kind=AGENT_KIND, name=name).exclude(phase=Phase.DELETED).exists()
+    install = agent_declare(owner=owner, name=name, labels=labels, actor=actor)
+    expires_at = (
+        AgentToken.objects.filter(
+            agent=install.record, kind=TokenKind.BOOTSTRAP, digest=_digest(install.bootstrap_token)
+        )
+        .values_list("expires_at", flat=True)
+        .first()
+    )
+    return AgentEnrollment(
+        record=install.record,
+        created=not existed,
+        install_script=install.install_script,
+        cloud_config=render_cloud_config(install_script=install.install_script, agent_name=install.record.name),
+        bootstrap_expires_at=expires_at,
+    )
+
+
 def agent_record_declare(
     *,
     owner: Record,

@@ -23,15 +23,16 @@ from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst
-from apps.api.params import int_param
+from apps.api.params import MAX_SECONDS, DoorChecks, int_param
+from apps.api.parsers import MultiPartParser
 from apps.artifacts import blobs, selectors, services
 from apps.artifacts.api.serializers import ArtifactOutput
+from apps.core import validation
 from apps.core.errors import ValidationFailed
 from apps.pipelines import selectors as run_selectors
 from apps.records import selectors as record_selectors
@@ -109,9 +110,10 @@ def _artifact(request: Request, pk: Any) -> Record:
     return selectors.artifact_get(user=request.user, artifact_id=pk, among=among)
 
 
-class ArtifactViewSet(viewsets.GenericViewSet[Record]):
+class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
     """Artifacts: bytes in Graphene's blob store, each held by a record (owner, TTL, cascade)."""
 
+    path_ids = {"pk": "artifact"}
     serializer_class = ArtifactOutput
     pagination_class = NewestFirst
     parser_classes = [MultiPartParser]  # a raw body is streamed by ``create`` itself
@@ -154,8 +156,9 @@ class ArtifactViewSet(viewsets.GenericViewSet[Record]):
                 "with the bytes as the body (or multipart with a 'file' field)",
                 fields={key: ["this field is required"] for key in missing},
             )
-        owner = record_selectors.record_get(user=request.user, record_id=_one(options, "owner"))
-        ttl = int_param({"ttl_seconds": _one(options, "ttl_seconds") or ""}, "ttl_seconds", 0, 1, 10 * 365 * 86400)
+        owner_id = validation.parse_uuid(_one(options, "owner"), field="owner")
+        owner = record_selectors.record_get(user=request.user, record_id=owner_id)
+        ttl = int_param({"ttl_seconds": _one(options, "ttl_seconds") or ""}, "ttl_seconds", 0, 1, MAX_SECONDS)
         labels = record_selectors.parse_label_selector([str(v) for v in options.get("label") or []])
         length = request.META.get("CONTENT_LENGTH") or ""
         if not is_multipart and length.isdigit() and int(length) > blobs.max_bytes():

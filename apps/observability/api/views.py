@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.api.params import datetime_param
+from apps.api.params import DoorChecks, datetime_param
 from apps.observability import selectors
 from apps.pipelines import selectors as run_selectors
 from apps.records import selectors as record_selectors
@@ -59,8 +59,10 @@ _TraceOutput = inline_serializer(
 )
 
 
-class RecordMetricsView(APIView):
+class RecordMetricsView(DoorChecks, APIView):
     """A record's metric series in a window, aggregated per step."""
+
+    path_ids = {"pk": "record"}
 
     @extend_schema(
         operation_id="records_metrics",
@@ -86,8 +88,10 @@ class RecordMetricsView(APIView):
         return Response(body)
 
 
-class RunTraceView(APIView):
+class RunTraceView(DoorChecks, APIView):
     """A run's trace: the span tree of its executions, steps, convergences, deletions and commands."""
+
+    path_ids = {"pk": "run"}
 
     @extend_schema(operation_id="runs_trace", responses=_TraceOutput)
     def get(self, request: Request, pk: str) -> Response:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
@@ -46,7 +48,9 @@ class RunEventOutput(serializers.ModelSerializer):
 class RunOutput(serializers.ModelSerializer):
     pipeline = serializers.CharField(source="pipeline.name", read_only=True)
     record = serializers.UUIDField(source="record_id", read_only=True, allow_null=True)
-    parent = serializers.UUIDField(
+    # The API's field name; DRF's metaclass takes declared fields off the class, so it does not
+    # shadow Field.parent (the serializer a field is bound to) at runtime, only for mypy.
+    parent = serializers.UUIDField(  # type: ignore[assignment]
         source="parent_run_id", read_only=True, allow_null=True, help_text="the run that started this one"
     )
     parent_name = serializers.SerializerMethodField(help_text="the parent run as pipeline#number")
@@ -80,4 +84,13 @@ class RunOutput(serializers.ModelSerializer):
 
 
 class RunStartInput(serializers.Serializer):
-    inputs = serializers.JSONField(required=False, default=dict)
+    inputs = serializers.JSONField(
+        required=False, default=dict, help_text="the pipeline's inputs, checked strictly against its schema"
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A misspelt key (``input``) must not start a run with every default.
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field; a start takes inputs"] for name in unknown})
+        return attrs

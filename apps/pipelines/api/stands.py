@@ -11,6 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.api.params import MAX_SECONDS, DoorChecks, StrictInteger
 from apps.pipelines import selectors, services
 from apps.records import services as records
 from apps.records.api.serializers import RecordOutput
@@ -22,7 +23,7 @@ class HoldingInput(serializers.Serializer):
 
 
 class ExtendHoldingInput(HoldingInput):
-    by_seconds = serializers.IntegerField(min_value=1)
+    by_seconds = StrictInteger(min_value=1, max_value=MAX_SECONDS)
 
 
 StandSummary = inline_serializer(
@@ -55,7 +56,7 @@ def _holding(request: Request, pipeline: str, data: dict[str, Any]) -> Record:
     return selectors.stand_holding(user=request.user, pipeline=name, record_id=data["record"])
 
 
-class StandViewSet(viewsets.ViewSet):
+class StandViewSet(DoorChecks, viewsets.ViewSet):
     """Each pipeline's stand: the subtrees runs handed over, each with its own TTL."""
 
     lookup_field = "pipeline"

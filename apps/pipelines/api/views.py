@@ -10,7 +10,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.api.pagination import NewestFirst, OldestFirstById
+from apps.api.pagination import ByName, NewestFirst, OldestFirstById
+from apps.api.params import DoorChecks
 from apps.pipelines import selectors, services
 from apps.pipelines.api.serializers import (
     JournalEntryOutput,
@@ -19,7 +20,7 @@ from apps.pipelines.api.serializers import (
     RunOutput,
     RunStartInput,
 )
-from apps.pipelines.models import Run
+from apps.pipelines.models import Pipeline, Run
 
 JOURNAL_LIMIT = 1000
 
@@ -42,16 +43,21 @@ RunDetail = inline_serializer(
 )
 
 
-class PipelineViewSet(viewsets.ViewSet):
+class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
     """Loaded pipelines with their input and output JSON Schemas; start runs."""
 
+    serializer_class = PipelineOutput
+    pagination_class = ByName
+    queryset = Pipeline.objects.none()
     lookup_field = "name"
     lookup_value_regex = r"[A-Za-z0-9_.-]+"
 
     @extend_schema(responses=PipelineOutput(many=True))
     def list(self, request: Request) -> Response:
+        """Every loaded pipeline, in name order, paged like every list."""
         services.pipelines_sync_all()
-        return Response(PipelineOutput(selectors.pipeline_list(), many=True).data)
+        page = self.paginate_queryset(selectors.pipeline_list())
+        return self.get_paginated_response(PipelineOutput(page, many=True).data)
 
     @extend_schema(responses=PipelineOutput)
     def retrieve(self, request: Request, name: str) -> Response:
@@ -67,9 +73,10 @@ class PipelineViewSet(viewsets.ViewSet):
         return Response(RunOutput(run).data, status=status.HTTP_201_CREATED)
 
 
-class RunViewSet(viewsets.GenericViewSet):
+class RunViewSet(DoorChecks, viewsets.GenericViewSet):
     """Runs: list, get (with journal), status history, cancel, resume."""
 
+    path_ids = {"pk": "run"}
     serializer_class = RunOutput
     pagination_class = NewestFirst
     queryset = Run.objects.none()

@@ -282,7 +282,7 @@ class AgentCalls(ExecutionState):
         record_id: str,
         label: str,
         argv: Sequence[str],
-        env: Mapping[str, str],
+        env: Mapping[str, str | Mapping[str, str]],
         cwd: str | None,
         timeout: float | None,
         guarantee: Guarantee,
@@ -313,6 +313,7 @@ class AgentCalls(ExecutionState):
             payload=payload,
             guarantee=guarantee,
             outcome=outcome,
+            resolve_secrets=True,  # env values may be ctx.secret(...) references, as a Docker job's
         )
 
     def agent_put_file(self, record_id: str, label: str, path: str, data: bytes, mode: int) -> dict[str, Any]:
@@ -409,6 +410,7 @@ class AgentCalls(ExecutionState):
         payload: Callable[[], dict[str, Any]],
         guarantee: Guarantee,
         outcome: Callable[[AgentCommand], dict[str, Any]],
+        resolve_secrets: bool = False,
     ) -> dict[str, Any]:
         """One command on an agent's machine as one journaled call (every command kind).
 
@@ -436,6 +438,7 @@ class AgentCalls(ExecutionState):
                     payload=payload(),
                     guarantee=guarantee,
                     log_to=[run.record_id],
+                    resolve_secrets=resolve_secrets,
                 )
                 return str(command.pk)
 

@@ -13,9 +13,9 @@ from django.conf import settings
 from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 from graphene_sdk import registered
-from pydantic import ValidationError
 
-from apps.core.errors import NotFound, ValidationFailed
+from apps.core import validation
+from apps.core.errors import NotFound
 from apps.pipelines.models import Pipeline
 
 _load_lock = threading.Lock()
@@ -104,17 +104,9 @@ def pipelines_sync_all() -> list[Pipeline]:
 
 
 def inputs_validate(definition: Definition[Any, Any], inputs: Any) -> dict[str, Any]:
-    """Validate against the pipeline's input model; errors by field path, as the API returns them."""
-    if not isinstance(inputs, dict):
-        raise ValidationFailed("inputs must be a JSON object", fields={"inputs": ["must be a JSON object"]})
-    try:
-        model = definition.inputs.model_validate(inputs)
-    except ValidationError as exc:
-        fields: dict[str, list[str]] = {}
-        for error in exc.errors():
-            path = ".".join(str(p) for p in ("inputs", *error["loc"]))
-            fields.setdefault(path, []).append(error["msg"])
-        summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in fields.items())
-        raise ValidationFailed(f"inputs do not match {definition.name}'s schema: {summary}", fields=fields) from None
+    """Validate against the pipeline's input model by the SDK's rules (``graphene_sdk.validation``:
+    strict types, storable values, no undeclared inputs), as graphenectl checks them before it
+    sends; errors by field path (``inputs.label``), as the API returns them."""
+    model = validation.check_inputs(definition.inputs, inputs, name=definition.name)
     dumped: dict[str, Any] = model.model_dump(mode="json")
     return dumped

@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from apps.api.params import MAX_SECONDS, StrictInteger
 from apps.observability.models import LogLine
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
@@ -74,12 +75,12 @@ class RecordApplyInput(serializers.Serializer):
     spec = serializers.JSONField(required=False, default=dict)
     labels = serializers.JSONField(required=False, default=dict)
     namespace = serializers.CharField(max_length=63, required=False, default="default")
-    ttl_seconds = serializers.IntegerField(required=False, min_value=1, allow_null=True)
+    ttl_seconds = StrictInteger(required=False, min_value=1, max_value=MAX_SECONDS, allow_null=True)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
     on_drift = serializers.ChoiceField(
         choices=["heal", "report"], default="heal", help_text="what the drift scheduler does on a difference"
     )
-    reconcile_every_seconds = serializers.IntegerField(
+    reconcile_every_seconds = StrictInteger(
         required=False, allow_null=True, min_value=1, max_value=7 * 86400, help_text="default: the kind's interval"
     )
 
@@ -101,7 +102,7 @@ class RecordApplyInput(serializers.Serializer):
 class TransferInput(serializers.Serializer):
     to = serializers.UUIDField(help_text="id of the new owner")
     from_ = serializers.UUIDField(required=False, help_text="the current owner, giving the record away")
-    ttl_seconds = serializers.IntegerField(required=False, min_value=1)
+    ttl_seconds = StrictInteger(required=False, min_value=1, max_value=MAX_SECONDS)
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
@@ -110,7 +111,7 @@ class TransferInput(serializers.Serializer):
 
 
 class ExtendInput(serializers.Serializer):
-    by_seconds = serializers.IntegerField(min_value=1, help_text="push the deadline this much further")
+    by_seconds = StrictInteger(min_value=1, max_value=MAX_SECONDS, help_text="push the deadline this much further")
 
 
 class EventOutput(serializers.ModelSerializer):

@@ -19,7 +19,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import NewestFirst, OldestFirstById
-from apps.api.params import MAX_TAIL, datetime_param, int_param, log_filter_params, log_start_params
+from apps.api.params import (
+    MAX_TAIL,
+    DoorChecks,
+    datetime_param,
+    int_param,
+    log_filter_params,
+    log_start_params,
+)
+from apps.core import validation
+from apps.core.db import release_pooled_connection
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import LOG_FIELDS, log_batches, log_output, log_rows, log_start
 from apps.observability.services import log_dropped
@@ -99,9 +108,10 @@ LIST_PARAMS = [
 ]
 
 
-class RecordViewSet(viewsets.GenericViewSet):
+class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
     """Records: list with selectors, get, tree, events, apply, delete, transfer, extend."""
 
+    path_ids = {"pk": "record"}
     serializer_class = RecordOutput
     pagination_class = NewestFirst
     queryset = Record.objects.none()
@@ -112,7 +122,8 @@ class RecordViewSet(viewsets.GenericViewSet):
         phases = [p for p in params.get("phase", "").split(",") if p]
         owner = params.get("owner")
         if owner:
-            owner = str(selectors.record_get(user=request.user, record_id=owner).pk)
+            owner_id = validation.parse_uuid(owner, field="owner")
+            owner = str(selectors.record_get(user=request.user, record_id=owner_id).pk)
         qs = selectors.record_list(
             user=request.user,
             kind=params.get("kind"),
@@ -163,7 +174,7 @@ class RecordViewSet(viewsets.GenericViewSet):
                 "owner is required: every record has exactly one owner (a run, a stand or another record)",
                 fields={"owner": ["this field is required"]},
             )
-        owner = selectors.record_get(user=request.user, record_id=v["owner"])
+        owner = selectors.record_get(user=request.user, record_id=validation.parse_uuid(v["owner"], field="owner"))
         before = (
             Record.objects.filter(parent=owner, kind=v["kind"], name=v["name"]).exclude(phase=Phase.DELETED).first()
         )
@@ -191,11 +202,13 @@ class RecordViewSet(viewsets.GenericViewSet):
     def destroy(self, request: Request, pk: str) -> Response:
         """Delete the record and its subtree, children first. 202 while in progress, 200 when gone."""
         record = selectors.record_get(user=request.user, record_id=pk)
+        wait = request.query_params.get("wait", "").lower() in {"1", "true", "yes"}
+        timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)  # refused before acting
         record = services.record_delete_request(record=record, actor=request.user)
-        if request.query_params.get("wait", "").lower() in {"1", "true", "yes"}:
-            timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)
+        if wait:
             deadline = time.monotonic() + timeout
             while record.phase != Phase.DELETED and time.monotonic() < deadline:
+                release_pooled_connection()  # the web's pool is bounded: hold none while asleep
                 time.sleep(0.1)
                 record = Record.objects.get(pk=record.pk)
         code = status.HTTP_200_OK if record.phase == Phase.DELETED else status.HTTP_202_ACCEPTED
@@ -358,7 +371,7 @@ class KindViewSet(viewsets.ViewSet):
             raise NotFound(str(exc)) from None
 
 
-class OrphanViewSet(viewsets.GenericViewSet):
+class OrphanViewSet(DoorChecks, viewsets.GenericViewSet):
     """What the orphan sweeper found: external objects whose record was gone."""
 
     pagination_class = OldestFirstById

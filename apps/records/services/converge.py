@@ -26,7 +26,7 @@ from apps.records.services.transitions import (
     operation_lock,
     record_event_write,
 )
-from kinds import KindError, NotYet, PermanentError, UnknownKind, get_kind
+from kinds import KindError, NotYet, PermanentError, UnknownKind, Waiting, get_kind
 
 
 def _move_away(record: Record) -> bool:
@@ -81,7 +81,9 @@ def record_converge(*, record_id: Any) -> None:
         try:
             outputs = get_kind(record.kind).create(record)
         except NotYet as wait:
-            _converge_later(record_id=record_id, retry_in=wait.retry_in)
+            _converge_later(
+                record_id=record_id, retry_in=wait.retry_in, waiting=str(wait) if isinstance(wait, Waiting) else None
+            )
             return
         except Exception as exc:
             failed = domain.RecordConvergeFailed(
@@ -148,15 +150,27 @@ def record_wake(*, record_id: Any) -> None:
         record_converge_task.delay(str(record_id))
 
 
-def _converge_later(*, record_id: Any, retry_in: float) -> None:
-    """The kind's work goes on elsewhere: look again later (or when it wakes us), no attempt counted."""
+def _converge_later(*, record_id: Any, retry_in: float, waiting: str | None = None) -> None:
+    """The kind's work goes on elsewhere: look again later (or when it wakes us), no attempt counted.
+
+    ``waiting`` (a kind's ``Waiting``): what the record waits on, told in its history as a
+    ``Waiting`` note when the wait begins or what it waits on changes, not at every look.
+    """
     retry_in = max(0.0, retry_in)
     with transaction.atomic():
         updated = Record.objects.filter(
             pk=record_id, phase__in=_CONVERGIBLE, deletion_requested_at__isnull=True
         ).update(next_attempt_at=timezone.now() + timedelta(seconds=retry_in) + _lease())
         if updated:
+            if waiting is not None and not _waiting_told(record_id, waiting):
+                record_event_write(record_id, EventType.NOTE, reason="Waiting", message=waiting)
             _enqueue_converge_on_commit(record_id, countdown=retry_in)
+
+
+def _waiting_told(record_id: Any, message: str) -> bool:
+    """Whether the record's latest event already says it waits on this."""
+    last = Event.objects.filter(record_id=record_id).order_by("-id").values_list("type", "reason", "message").first()
+    return last == (EventType.NOTE, "Waiting", message)
 
 
 @transaction.atomic

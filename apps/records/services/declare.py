@@ -12,6 +12,7 @@ import jsonschema
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core import validation
 from apps.core.db import advisory_xact_lock
 from apps.core.errors import Conflict, ValidationFailed
 from apps.records.choices import ROOT_KINDS, DriftPolicy, EventType, Phase
@@ -31,6 +32,7 @@ from kinds import Kind, UnknownKind, get_kind
 
 
 def kind_resolve(name: str) -> Kind:
+    validation.check_text(name, field="kind")
     try:
         return get_kind(name)
     except UnknownKind as exc:
@@ -41,6 +43,7 @@ def spec_validate(kind: Kind, spec: Any) -> dict[str, Any]:
     """Check ``spec`` against the kind's JSON Schema; all violations, by field path."""
     if not isinstance(spec, dict):
         raise ValidationFailed("spec must be a JSON object", fields={"spec": ["must be a JSON object"]})
+    validation.check_json(spec, path="spec", what="the spec")  # what PostgreSQL can store, whatever the kind
     validator = jsonschema.Draft202012Validator(kind.spec_schema)
     errors: dict[str, list[str]] = defaultdict(list)
     for error in sorted(validator.iter_errors(spec), key=lambda e: list(e.absolute_path)):
@@ -57,6 +60,7 @@ def labels_validate(labels: Any) -> dict[str, str]:
         return {}
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise ValidationFailed("labels must map strings to strings", fields={"labels": ["must map strings to strings"]})
+    validation.check_json(labels, path="labels", what="the labels")
     bad = [k for k in labels if not k or len(k) > 63 or "=" in k or "," in k]
     if bad:
         raise ValidationFailed(
@@ -79,6 +83,9 @@ def record_create_root(
     """Create a root (a run, a stand or the sweeper): the top of a new, separate tree."""
     if kind not in ROOT_KINDS:
         raise ValidationFailed(f"{kind} is not a root kind", fields={"kind": [f"roots are {sorted(ROOT_KINDS)}"]})
+    validation.check_text(name, field="name")
+    validation.check_text(namespace, field="namespace")
+    validation.check_json(spec or {}, path="spec", what="the spec")
     # mptt numbers a new tree max(tree_id)+1: serialize root creation so two roots never
     # share a tree. The lock is held to the end of this short transaction.
     advisory_xact_lock(0x6772617068656E65)  # "graphene"
@@ -147,6 +154,7 @@ def record_declare(
         raise ValidationFailed(f"{kind} records are roots and cannot be owned", fields={"kind": ["is a root kind"]})
     if not name or len(name) > 253:
         raise ValidationFailed("name must be 1-253 characters", fields={"name": ["must be 1-253 characters"]})
+    validation.check_text(name, field="name")
     spec = spec_validate(kind_obj, {} if spec is None else spec)
     labels = labels_validate(labels)
     if expires_at is not None and expires_at <= timezone.now():

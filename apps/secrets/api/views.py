@@ -4,23 +4,17 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.api.pagination import ByName
+from apps.api.params import DoorChecks
 from apps.secrets import selectors, services
 from apps.secrets.api.serializers import SecretCreateInput, SecretOutput, SecretReplaceInput
 from apps.secrets.models import Secret
 
 
-class ByName(CursorPagination):
-    ordering = ("name",)
-    page_size = 100
-    page_size_query_param = "limit"
-    max_page_size = 1000
-
-
-class SecretViewSet(viewsets.GenericViewSet[Secret]):
+class SecretViewSet(DoorChecks, viewsets.GenericViewSet[Secret]):
     """Named secrets, encrypted at rest. Values go in (POST, PUT) and never come out."""
 
     serializer_class = SecretOutput

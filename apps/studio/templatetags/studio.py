@@ -66,7 +66,7 @@ def took(start: datetime | None, end: datetime | None = None) -> str:
 def ttl(expires_at: datetime | None) -> SafeString:
     """A countdown to ``expires_at`` (the page's script keeps it ticking), or "no TTL"."""
     if expires_at is None:
-        return format_html('<span class="studio-ttl none">no TTL</span>')
+        return format_html('<span class="studio-ttl none">{}</span>', "no TTL")
     left = expires_at - timezone.now()
     text = "expired" if left <= timedelta(0) else short_duration(left)
     return format_html(

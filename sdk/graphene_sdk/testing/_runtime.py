@@ -159,7 +159,7 @@ class WorldRuntime:
         record_id: str,
         label: str,
         argv: Sequence[str],
-        env: Mapping[str, str],
+        env: Mapping[str, str | Mapping[str, str]],
         cwd: str | None,
         timeout: float | None,
         guarantee: Literal["at_least_once", "at_most_once"],

@@ -17,6 +17,7 @@ from graphene_sdk.testing._machines import Machines
 from graphene_sdk.testing._records import CONVERGING, KindBehaviour, OutputsFn, to_json
 from graphene_sdk.testing._results import Record, RunResult, RunStatus, exactly_one
 from graphene_sdk.testing._runtime import TimedOut, WorldRuntime
+from graphene_sdk.validation import validate_inputs
 
 # What the inspection and assertion methods accept as a record, and as an owner.
 HandleLike = Resource | Attached | Record | str
@@ -144,8 +145,8 @@ class World(Machines):
             if not isinstance(inputs, pipeline.inputs):
                 raise TypeError(f"{pipeline.name} takes {pipeline.inputs.__name__}, not {type(inputs).__name__}")
             document: dict[str, Any] = inputs.model_dump(mode="json")
-        else:  # as the API stores a start: the validated model, dumped to JSON
-            document = pipeline.inputs.model_validate(dict(inputs or {})).model_dump(mode="json")
+        else:  # as the API stores a start: the validated model (by the server's rules), dumped to JSON
+            document = validate_inputs(pipeline.inputs, dict(inputs or {})).model_dump(mode="json")
         return self._execute(pipeline, document, parent=None)
 
     def _execute(
