@@ -89,7 +89,7 @@ def test_describe_a_run_shows_its_status_and_what_it_waits_on(ctl: Ctl, workers:
     assert f"run/{sleeping} is suspended" in ctl.ok("describe", f"record/{sleeping}").out
 
     # A record that takes a while to create (the worker creating it is busy meanwhile).
-    waiting = ctl.ok("run", "start", "sample.wait", "-i", "create_ms=6000", "-o", "json").json()["id"]
+    waiting = ctl.ok("run", "start", "sample.wait", "-i", "create_ms=12000", "-o", "json").json()["id"]
     wait_for(lambda: Run.objects.get(pk=waiting).status == "suspended")
     described = ctl.ok("describe", waiting).out
     assert "Status:     suspended: waiting on test.flaky/thing (creating)" in described, described
