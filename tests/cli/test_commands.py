@@ -30,6 +30,7 @@ from apps.records.choices import Phase
 from apps.records.models import Event, Record
 from tests.conftest import Worker, wait_for
 from tests.harness.embedded import Ctl, Result, graphenectl_argv
+from tests.harness.processes import WITH_DEFAULT_SIGINT
 from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -200,7 +201,8 @@ def test_logs_and_events_follow_a_run_until_it_ends(ctl: Ctl, workers: list[Work
 def test_follow_without_a_run_goes_on_until_ctrl_c(ctl: Ctl) -> None:
     owner = ctl.ok("apply", "graphene.stand", f"follow-{uuid.uuid4().hex[:8]}").out.strip()
     follower = subprocess.Popen(
-        [*graphenectl_argv(), "events", owner, "-f", "-o", "json", "--interval", "0.2"],
+        # SIGINT at its default, as in a terminal, even when this test run inherited it ignored.
+        [*WITH_DEFAULT_SIGINT, *graphenectl_argv(), "events", owner, "-f", "-o", "json", "--interval", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
