@@ -79,7 +79,7 @@ def log_filter_params(params: Mapping[str, str]) -> dict[str, Any]:
     """The filters of a record's log (``grep``, ``severity``, ``since``, ``until``,
     ``descendants``), as ``observability.selectors.log_rows`` takes them."""
     return {
-        "descendants": params.get("descendants", "true").lower() not in {"0", "false", "no"},
+        "descendants": bool_param(params, "descendants", default=True),
         "grep": params.get("grep"),
         "min_severity": params.get("severity"),
         "since": datetime_param(params, "since"),
@@ -97,3 +97,20 @@ def log_start_params(params: Mapping[str, str], last_event_id: str = "") -> dict
         "last_event_id": int(last_event_id) if resumed else None,
         "tail": 0 if resumed else int_param(params, "tail", 0, 1, MAX_TAIL),
     }
+
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+
+
+def bool_param(params: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """A boolean query parameter (``true``/``false``, ``1``/``0``, ``yes``/``no``, any case),
+    ``default`` if absent; anything else is a field error (not a silent false)."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValidationFailed(f"{name}={raw!r} must be true or false", fields={name: ["must be true or false"]})

@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/docs/ (no CDN)
     "mptt",
     "channels",
     "apps.core",
@@ -270,6 +271,15 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # One name for a choice set used by several fields (a run's status, and a status event's from/to).
     "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "apps.pipelines.choices.RunStatus"},
+    # Every operation declares its error answers in the API's one shape (apps/api/schema.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.api.schema.error_responses",
+    ],
+    # /api/docs/ serves Swagger UI from drf-spectacular-sidecar's files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Graphene ----------------------------------------------------------------------------
