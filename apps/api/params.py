@@ -40,18 +40,32 @@ class DoorChecks:
     * ids in its URL (``path_ids``: URL keyword → what it names): a malformed one is a 400
       naming it (``id``, ``command_id``), not a 404: no row could ever have that id;
     * its body, parsed (and so checked: size, depth, storable values) even by an action that
-      does not read it: a cancel with a broken body is refused, not carried out.
+      does not read it: a cancel with a broken body is refused, not carried out;
+    * its query: a parameter is given once, except those in ``repeatable_params`` (label
+      selectors): ``?limit=5&limit=abc`` is a 400, not whichever value a parser keeps.
     """
 
     path_ids: dict[str, str] = {}
+    repeatable_params: frozenset[str] = frozenset({"label"})
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]  # a mixin before a DRF view
+        for name in request.query_params:
+            given = len(request.query_params.getlist(name))
+            if given > 1 and name not in self.repeatable_params:
+                raise ValidationFailed(
+                    f"{name} is given {given} times; give it once" + _list_hint(name),
+                    fields={name: ["given more than once"]},
+                )
         for kwarg, noun in self.path_ids.items():
             if kwarg in kwargs:
                 validation.parse_uuid(kwargs[kwarg], field="id" if kwarg == "pk" else kwarg, noun=noun)
         if request.method not in SAFE_METHODS and request.negotiator.select_parser(request, request.parsers):
             _ = request.data  # a body no parser of this view takes (a raw upload) is the view's own
+
+
+def _list_hint(name: str) -> str:
+    return " (several values go comma-separated: ?status=failed,cancelled)" if name in {"status", "phase"} else ""
 
 
 def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:

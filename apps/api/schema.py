@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema as _AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
@@ -109,7 +110,25 @@ def enum_list_param(name: str, values: list[str], description: str) -> OpenApiPa
     """A comma-separated list of values from ``values`` (``?status=failed,cancelled``)."""
     return OpenApiParameter(
         name,
-        {"type": "array", "items": {"type": "string", "enum": values}, "minItems": 1},
+        {"type": "array", "items": {"type": "string", "enum": values}},
         description=description,
         explode=False,
     )
+
+
+class AutoSchema(_AutoSchema):
+    """drf-spectacular's AutoSchema, told what the views know: the ids in a path are UUIDs
+    (``DoorChecks.path_ids``: a malformed one is a 400) and other path parameters follow the
+    patterns in ``path_patterns`` (a view attribute: URL keyword to a regex)."""
+
+    def _resolve_path_parameters(self, variables: list[str]) -> list[dict[str, Any]]:
+        parameters: list[dict[str, Any]] = super()._resolve_path_parameters(variables)
+        ids = getattr(self.view, "path_ids", {})
+        patterns = getattr(self.view, "path_patterns", {})
+        for parameter in parameters:
+            name = parameter["name"]
+            if name in ids or (name == "id" and "pk" in ids):
+                parameter["schema"] = {"type": "string", "format": "uuid"}
+            elif name in patterns:
+                parameter["schema"] = {"type": "string", "pattern": patterns[name]}
+        return parameters

@@ -150,7 +150,14 @@ class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
 
     @extend_schema(
         parameters=UPLOAD_PARAMS,
-        request={"application/octet-stream": bytes, "multipart/form-data": {"type": "object"}},
+        request={
+            "application/octet-stream": bytes,
+            "multipart/form-data": {
+                "type": "object",
+                "properties": {"file": {"type": "string", "format": "binary"}},
+                "required": ["file"],
+            },
+        },
         responses={201: ArtifactOutput, 200: ArtifactOutput, 409: None, 413: None},
     )
     def create(self, request: Request) -> Response:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
+from graphene_sdk._secrets import SECRET_NAME
 from rest_framework import serializers
 
 from apps.secrets.models import Secret
+from apps.secrets.services import MAX_VALUE_BYTES
 
 
 class _Strict(serializers.Serializer[Any]):
@@ -33,13 +36,25 @@ class _Text(serializers.CharField):
         return str(super().to_internal_value(data))
 
 
+# A value's bound is 64 KiB of UTF-8 (the service checks the bytes); the schema can only count
+# characters, so it says at most as many characters as that many bytes.
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": MAX_VALUE_BYTES, "writeOnly": True})
+class _Value(_Text):
+    pass
+
+
+@extend_schema_field({"type": "string", "pattern": f"^{SECRET_NAME.pattern}$"})
+class _Name(_Text):
+    pass
+
+
 class SecretCreateInput(_Strict):
-    name = _Text()
-    value = _Text(write_only=True)
+    name = _Name()
+    value = _Value(write_only=True)
 
 
 class SecretReplaceInput(_Strict):
-    value = _Text(write_only=True)
+    value = _Value(write_only=True)
 
 
 class SecretOutput(serializers.ModelSerializer[Secret]):

@@ -9,6 +9,8 @@ from rest_framework.response import Response
 
 from apps.api.pagination import ByName
 from apps.api.params import DoorChecks
+from graphene_sdk._secrets import SECRET_NAME
+
 from apps.secrets import selectors, services
 from apps.secrets.api.serializers import SecretCreateInput, SecretOutput, SecretReplaceInput
 from apps.secrets.models import Secret
@@ -22,6 +24,7 @@ class SecretViewSet(DoorChecks, viewsets.GenericViewSet[Secret]):
     queryset = Secret.objects.none()
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
+    path_patterns = {"name": f"^{SECRET_NAME.pattern}$"}
 
     @extend_schema(responses=SecretOutput(many=True))
     def list(self, request: Request) -> Response:
