@@ -86,7 +86,12 @@ def datetime_param(params: Mapping[str, str], name: str) -> Any:
         raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
     if timezone.is_naive(value):
         value = timezone.make_aware(value, dt.UTC)
-    return value
+    try:
+        # In UTC: PostgreSQL takes offsets up to 15:59 only (ISO 8601 allows up to 23:59).
+        return value.astimezone(dt.UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00: before the first instant Python holds (or after the last)
+        early = value.year == dt.MINYEAR
+        return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.UTC)
 
 
 def log_filter_params(params: Mapping[str, str]) -> dict[str, Any]:
@@ -128,3 +133,9 @@ def bool_param(params: Mapping[str, str], name: str, default: bool = False) -> b
     if raw.lower() in _FALSE:
         return False
     raise ValidationFailed(f"{name}={raw!r} must be true or false", fields={name: ["must be true or false"]})
+
+
+def uuid_param(params: Mapping[str, str], name: str, noun: str = "record") -> str | None:
+    """An id query parameter, None if absent; given but not a UUID (empty too) is a field error."""
+    raw = params.get(name)
+    return None if raw is None else str(validation.parse_uuid(raw, field=name, noun=noun))

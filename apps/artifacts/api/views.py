@@ -30,7 +30,7 @@ from rest_framework.response import Response
 
 from apps.api import schema as api_schema
 from apps.api.pagination import NewestFirst
-from apps.api.params import MAX_SECONDS, DoorChecks, bool_param, int_param
+from apps.api.params import MAX_SECONDS, DoorChecks, bool_param, int_param, uuid_param
 from apps.api.parsers import MultiPartParser
 from apps.artifacts import blobs, selectors, services
 from apps.artifacts.api.serializers import ArtifactOutput
@@ -136,7 +136,7 @@ class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
             name=params.get("name"),
             pipeline=pipeline,
             published_by=run_selectors.pipeline_run_ids(pipeline=pipeline) if pipeline else None,
-            run=params.get("run"),
+            run=uuid_param(params, "run", noun="run"),
             labels=record_selectors.parse_label_selector(params.getlist("label")),
             include_deleted=bool_param(params, "include_deleted"),
         )

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from apps.api import schema as api_schema
 from apps.api.pagination import ByName, NewestFirst, OldestFirstById
-from apps.api.params import DoorChecks
+from apps.api.params import DoorChecks, uuid_param
 from apps.pipelines import selectors, services
 from apps.pipelines.api.serializers import (
     PipelineOutput,
@@ -85,7 +85,7 @@ class RunViewSet(DoorChecks, viewsets.GenericViewSet):
             user=request.user,
             pipeline=request.query_params.get("pipeline"),
             statuses=statuses,
-            parent=request.query_params.get("parent"),
+            parent=uuid_param(request.query_params, "parent", noun="run"),
         ).select_related("pipeline", "parent_run__pipeline")
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(RunOutput(page, many=True).data)

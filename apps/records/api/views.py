@@ -29,6 +29,7 @@ from apps.api.params import (
     int_param,
     log_filter_params,
     log_start_params,
+    uuid_param,
 )
 from apps.core import validation
 from apps.core.db import release_pooled_connection
@@ -124,10 +125,9 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
     def list(self, request: Request) -> Response:
         params = request.query_params
         phases = [p for p in params.get("phase", "").split(",") if p]
-        owner = params.get("owner")
-        if owner:
-            owner_id = validation.parse_uuid(owner, field="owner")
-            owner = str(selectors.record_get(user=request.user, record_id=owner_id).pk)
+        owner = uuid_param(params, "owner")
+        if owner is not None:
+            owner = str(selectors.record_get(user=request.user, record_id=owner).pk)
         qs = selectors.record_list(
             user=request.user,
             kind=params.get("kind"),

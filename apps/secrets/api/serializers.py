@@ -22,18 +22,21 @@ class _Strict(serializers.Serializer[Any]):
         return attrs
 
 
-class _Text(serializers.CharField):
-    """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True")."""
+@extend_schema_field({"type": "string"})
+class _Text(serializers.Field):  # type: ignore[type-arg]  # a str in, a str out
+    """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True"),
+    as it is: never trimmed (a private key's final newline is part of it). Emptiness and size
+    are checked by the service, so the SDK and the API refuse the same things alike."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        # Never trimmed: a private key's final newline is part of it. Emptiness and size are
-        # checked by the service, so the SDK and the API refuse the same things alike.
-        super().__init__(trim_whitespace=False, allow_blank=True, **kwargs)
+    default_error_messages = {"invalid": "Not a valid string."}
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        return str(super().to_internal_value(data))
+        return data
+
+    def to_representation(self, value: Any) -> str:
+        return str(value)
 
 
 # A value's bound is 64 KiB of UTF-8 (the service checks the bytes); the schema can only count
