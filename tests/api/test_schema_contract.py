@@ -110,6 +110,7 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
             continue
         tested.append(f"{key[0]} {key[1]}")
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            media_type = NEGATIVE_MEDIA_TYPE.get(key) if mode is GenerationMode.NEGATIVE else None
 
             @hypothesis.seed(SEED)
             @hypothesis.settings(
@@ -120,8 +121,6 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
                 suppress_health_check=list(HealthCheck),
                 report_multiple_bugs=False,
             )
-            media_type = NEGATIVE_MEDIA_TYPE.get(key) if mode is GenerationMode.NEGATIVE else None
-
             @given(case=operation.as_strategy(generation_mode=mode, media_type=media_type))
             def check(case: Any) -> None:
                 if case.meta.generation.mode.is_positive and case.query:
