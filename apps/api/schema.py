@@ -118,8 +118,16 @@ def enum_list_param(name: str, values: list[str], description: str) -> OpenApiPa
 
 class AutoSchema(_AutoSchema):
     """drf-spectacular's AutoSchema, told what the views know: the ids in a path are UUIDs
-    (``DoorChecks.path_ids``: a malformed one is a 400) and other path parameters follow the
-    patterns in ``path_patterns`` (a view attribute: URL keyword to a regex)."""
+    (``DoorChecks.path_ids``: a malformed one is a 400), other path parameters follow the
+    patterns in ``path_patterns`` (a view attribute: URL keyword to a regex), and an input
+    serializer that refuses fields it does not know (``refuses_unknown_fields = True``, so that
+    a typo is not dropped silently) says so: ``additionalProperties: false``."""
+
+    def _map_basic_serializer(self, serializer: Any, direction: str) -> dict[str, Any]:
+        schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
+            schema["additionalProperties"] = False
+        return schema
 
     def _resolve_path_parameters(self, variables: list[str]) -> list[dict[str, Any]]:
         parameters: list[dict[str, Any]] = super()._resolve_path_parameters(variables)

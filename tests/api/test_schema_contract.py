@@ -102,6 +102,7 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
     failures: list[str] = []
     tested: list[str] = []
     unnegatable: list[str] = []
+    took: list[tuple[float, str]] = []
     started = time.monotonic()
     for result in schema.get_all_operations():
         operation = result.ok()
@@ -123,12 +124,15 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
             )
             @given(case=operation.as_strategy(generation_mode=mode, media_type=media_type))
             def check(case: Any) -> None:
+                if media_type is not None:
+                    hypothesis.assume(case.media_type == media_type)
                 if case.meta.generation.mode.is_positive and case.query:
                     # A cursor is opaque: only one a next or previous link gave out is valid,
                     # which no schema can say (a made-up one is a 400, tests/doors checks it).
                     case.query.pop("cursor", None)
                 case.call_and_validate(base_url=web.url, headers=headers)
 
+            began = time.monotonic()
             try:
                 check()
             except hypothesis.errors.Unsatisfiable:
@@ -138,8 +142,10 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
                 unnegatable.append(f"{key[0]} {key[1]}")
             except (Exception, BaseExceptionGroup) as exc:  # every operation is tried; all failures reported
                 failures.append(f"--- {key[0]} {key[1]} ({mode.value}) ---\n{_failure(exc)}")
+            took.append((time.monotonic() - began, f"{key[0]} {key[1]} {mode.value}"))
     elapsed = time.monotonic() - started
     # the bound is watched: make test -s shows it
     print(f"schemathesis: {len(tested)} operations ({len(unnegatable)} without invalid input), {elapsed:.1f}s")  # noqa: T201
+    print("slowest:", ", ".join(f"{what} {seconds:.1f}s" for seconds, what in sorted(took)[-6:]))  # noqa: T201
     assert len(tested) >= 40, tested  # the schema lists the API (it did not come back empty)
     assert not failures, f"{len(failures)} failing operation(s):\n\n" + "\n\n".join(failures)

@@ -148,6 +148,7 @@ class _Timeout(serializers.JSONField):
 
 
 class ExecInput(serializers.Serializer[Any]):
+    refuses_unknown_fields = True
     argv = _Argv(help_text="the program and its arguments: a non-empty list of strings")
     env = _Env(required=False, help_text="variables added to the agent's environment")
     cwd = _Cwd(required=False, help_text="absolute working directory on the machine")
@@ -165,6 +166,7 @@ class ExecInput(serializers.Serializer[Any]):
 
 
 class AgentCreateInput(serializers.Serializer[Any]):
+    refuses_unknown_fields = True
     name = serializers.CharField(max_length=253, help_text="the agent's name, unique among its owner's agents")
     labels = serializers.DictField(
         child=serializers.CharField(allow_blank=True), required=False, default=dict, help_text="k: v labels"

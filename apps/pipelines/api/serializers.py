@@ -108,6 +108,7 @@ class _Inputs(serializers.JSONField):
 
 
 class RunStartInput(serializers.Serializer):
+    refuses_unknown_fields = True
     inputs = _Inputs(
         required=False, default=dict, help_text="the pipeline's inputs, checked strictly against its schema"
     )

@@ -15,6 +15,8 @@ from apps.secrets.services import MAX_VALUE_BYTES
 class _Strict(serializers.Serializer[Any]):
     """Refuses fields it does not know (a typo such as ``vaule`` must not store an empty secret)."""
 
+    refuses_unknown_fields = True
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(self.initial_data) - set(self.fields))
         if unknown:
