@@ -248,11 +248,8 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
     # Bounded parsers (apps/api/parsers.py): size, depth and storable values checked at the door.
-    "DEFAULT_PARSER_CLASSES": [
-        "apps.api.parsers.JSONParser",
-        "apps.api.parsers.FormParser",
-        "apps.api.parsers.MultiPartParser",
-    ],
+    # Bodies are JSON (anything else is a 415); only an artifact upload takes multipart, its own.
+    "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.JSONParser"],
     # ?limit= is checked by the paginators (apps/api/pagination.py): a malformed one is a 400.
 }
 # How many levels of objects and arrays a JSON document may nest (a request body, run inputs,

@@ -53,13 +53,13 @@ DATA_DEPENDENT = {
     ("POST", "/api/v1/records/"): "the spec is checked against its kind's spec schema",
 }
 
-# Negative requests of these operations are sent with this body media type only.
-NEGATIVE_MEDIA_TYPE = {
-    # Twisted (under daphne) parses a multipart body itself, before Graphene sees the request,
-    # and answers a malformed one with a bare 400 (no body, no content type); the raw-bytes
-    # form of the upload is held to the schema.
-    ("POST", "/api/v1/artifacts/"): "application/octet-stream",
-}
+
+# The one request shape left out: a multipart body with no parts. Twisted (under daphne) parses
+# a multipart body itself, before Graphene sees the request, and answers an empty one with a
+# bare 400 (no body, no content type). Only an artifact upload takes multipart, and it needs
+# its ``file`` part.
+def _empty_multipart(case: Any) -> bool:
+    return bool(case.media_type == "multipart/form-data" and not case.body)
 
 
 def _config() -> SchemathesisConfig:
@@ -111,7 +111,6 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
             continue
         tested.append(f"{key[0]} {key[1]}")
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            media_type = NEGATIVE_MEDIA_TYPE.get(key) if mode is GenerationMode.NEGATIVE else None
 
             @hypothesis.seed(SEED)
             @hypothesis.settings(
@@ -122,10 +121,9 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
                 suppress_health_check=list(HealthCheck),
                 report_multiple_bugs=False,
             )
-            @given(case=operation.as_strategy(generation_mode=mode, media_type=media_type))
+            @given(case=operation.as_strategy(generation_mode=mode))
             def check(case: Any) -> None:
-                if media_type is not None:
-                    hypothesis.assume(case.media_type == media_type)
+                hypothesis.assume(not _empty_multipart(case))
                 if case.meta.generation.mode.is_positive and case.query:
                     # A cursor is opaque: only one a next or previous link gave out is valid,
                     # which no schema can say (a made-up one is a 400, tests/doors checks it).
