@@ -143,7 +143,7 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
             took.append((time.monotonic() - began, f"{key[0]} {key[1]} {mode.value}"))
     elapsed = time.monotonic() - started
     # the bound is watched: make test -s shows it
-    print(f"schemathesis: {len(tested)} operations ({len(unnegatable)} without invalid input), {elapsed:.1f}s")  # noqa: T201
-    print("slowest:", ", ".join(f"{what} {seconds:.1f}s" for seconds, what in sorted(took)[-6:]))  # noqa: T201
+    print(f"schemathesis: {len(tested)} operations ({len(unnegatable)} without invalid input), {elapsed:.1f}s")
+    print("slowest:", ", ".join(f"{what} {seconds:.1f}s" for seconds, what in sorted(took)[-6:]))
     assert len(tested) >= 40, tested  # the schema lists the API (it did not come back empty)
     assert not failures, f"{len(failures)} failing operation(s):\n\n" + "\n\n".join(failures)
