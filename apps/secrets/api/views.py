@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
+from graphene_sdk._secrets import SECRET_NAME
 from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.pagination import ByName
 from apps.api.params import DoorChecks
-from graphene_sdk._secrets import SECRET_NAME
-
 from apps.secrets import selectors, services
 from apps.secrets.api.serializers import SecretCreateInput, SecretOutput, SecretReplaceInput
 from apps.secrets.models import Secret
