@@ -25,7 +25,7 @@ class _Strict(serializers.Serializer[Any]):
 
 
 @extend_schema_field({"type": "string"})
-class _Text(serializers.Field):  # type: ignore[type-arg]  # a str in, a str out
+class _Text(serializers.Field):
     """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True"),
     as it is: never trimmed (a private key's final newline is part of it). Emptiness and size
     are checked by the service, so the SDK and the API refuse the same things alike."""
