@@ -37,6 +37,7 @@ from graphenectl._resources import (
     HOLDING_COLUMNS,
     JOURNAL_COLUMNS,
     RESOURCES,
+    RUN_COLUMNS,
     Resource,
     complete_resource,
     resource,
@@ -132,6 +133,7 @@ def _listing(
     include_deleted: bool,
     limit: int,
     quiet: bool,
+    parent: str | None = None,
 ) -> Listing:
     client = session.client()
     record_filters = bool(kind or phases or owner or name_prefix or include_deleted)
@@ -141,6 +143,8 @@ def _listing(
         raise UsageError("-l/--label filters records, agents and artifacts")
     if statuses and (res.name != "run" or ident):
         raise UsageError("--status filters runs")
+    if parent and (res.name != "run" or ident):
+        raise UsageError("--parent filters runs")
     if pipeline and (res.name not in ("run", "artifact") or ident):
         raise UsageError("--pipeline filters runs and artifacts")
     for label in labels:
@@ -186,7 +190,11 @@ def _listing(
                 # Tombstones stay in the API for history; like kubectl, a listing shows what exists.
                 keep = lambda r: r.get("phase") != "deleted"  # noqa: E731
         elif res.name == "run":
-            params = {"pipeline": pipeline, "status": ",".join(s for st in statuses for s in st.split(",") if s)}
+            params = {
+                "pipeline": pipeline,
+                "status": ",".join(s for st in statuses for s in st.split(",") if s),
+                "parent": split_ref(parent, default="run")[1] if parent else None,
+            }
         elif res.name == "agent":
             params = {"label": labels}
         elif res.name == "artifact":
@@ -260,6 +268,9 @@ def get(
     ] = False,
     pipeline: Annotated[str | None, typer.Option("--pipeline", help="runs (or artifacts) of this pipeline")] = None,
     status: Annotated[list[str] | None, typer.Option("--status", help="runs in these statuses (a,b)")] = None,
+    parent: Annotated[
+        str | None, typer.Option("--parent", help="the child runs of this run (run/<id> or an id)")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = DEFAULT_LIMIT,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling and show changes until Ctrl-C")] = False,
     interval: IntervalOpt = 2.0,
@@ -295,6 +306,7 @@ def get(
         include_deleted=include_deleted,
         limit=limit,
         quiet=watch,
+        parent=parent,
     )
     if watch:
         _watch(listing, output, interval)
@@ -451,6 +463,7 @@ def _describe_run(run: dict[str, Any]) -> None:
             ("ID", run["id"]),
             ("Status", _status_line(run, waits)),
             ("Record", run.get("record")),
+            ("Parent", f"run/{run['parent']} ({run.get('parent_name')})" if run.get("parent") else "-"),
             ("Attempt", run.get("attempt")),
             ("Waiting on", ", ".join(waits) or "-"),
             ("Wakes at", run.get("wake_at")),
@@ -474,6 +487,10 @@ def _describe_run(run: dict[str, Any]) -> None:
     out.print(Text(f"Status history (last {len(shown)} of {len(history)}{'+' if more else ''}):", style="bold"))
     if shown:
         TableWriter(_RUN_EVENT_TABLE, wide=False).write(shown)
+    children, more_children = session.client().list("runs/", {"parent": run["id"]}, limit=100)
+    if children:
+        out.print(Text(f"Child runs ({len(children)}{'+' if more_children else ''}):", style="bold"))
+        TableWriter(RUN_COLUMNS, wide=False).write(children)
     info(
         f"more: graphenectl tree run/{run['id']} · graphenectl logs run/{run['id']} · graphenectl run watch {run['id']}"
     )
@@ -641,13 +658,31 @@ def _node_label(node: dict[str, Any]) -> Text:
 
 def render_tree(root: dict[str, Any]) -> Tree:
     tree = Tree(_node_label(root), guide_style="dim")
-
-    def add(branch: Tree, node: dict[str, Any]) -> None:
-        for child in node.get("children", []):
-            add(branch.add(_node_label(child)), child)
-
-    add(tree, root)
+    _add_children(tree, root)
     return tree
+
+
+def _add_children(branch: Tree, node: dict[str, Any]) -> None:
+    for child in node.get("children", []):
+        _add_children(branch.add(_node_label(child)), child)
+
+
+def _add_child_runs(tree: Tree, run_root: dict[str, Any], depth: int) -> None:
+    """Under a run's tree, its child runs, each with its own record tree (each run roots its own)."""
+    client = session.client()
+    run_id = str((run_root.get("spec") or {}).get("run") or run_root["id"])
+    children, more = client.list("runs/", {"parent": run_id}, limit=100)
+    for child in reversed(children):  # oldest first, as they were started
+        label = Text("child run ", style="dim") + Text(f"{child['pipeline']}#{child['number']}", style="bold")
+        label.append("  ")
+        label.append(child["status"], style=status_style(child["status"]) or "")
+        label.append(f"  run/{child['id']}", style="dim")
+        branch = tree.add(label)
+        if child.get("record") and depth > 0:
+            sub = client.get(f"records/{child['record']}/tree/", {"depth": depth - 1})
+            _add_children(branch, sub)
+    if more:
+        tree.add(Text(f"… more child runs: graphenectl run list --parent {run_id}", style="dim"))
 
 
 def flatten(root: dict[str, Any]) -> list[dict[str, Any]]:
@@ -671,7 +706,10 @@ def tree(
     elif output in (Format.json, Format.yaml):
         emit(body, output, columns=[], name_of=lambda n: n["id"])
     else:
-        print_unwrapped(render_tree(body))
+        rendered = render_tree(body)
+        if record.get("kind") == "graphene.run":
+            _add_child_runs(rendered, record, depth)
+        print_unwrapped(rendered)
 
 
 # --- events and logs -------------------------------------------------------------------------

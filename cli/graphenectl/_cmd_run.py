@@ -431,6 +431,9 @@ def resume(
 def list_runs(
     pipeline: Annotated[str | None, typer.Option("--pipeline", "-p", help="runs of this pipeline")] = None,
     status: Annotated[list[str] | None, typer.Option("--status", help="runs in these statuses (a,b)")] = None,
+    parent: Annotated[
+        str | None, typer.Option("--parent", help="the child runs of this run (run/<id> or an id)")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = 100,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling until Ctrl-C")] = False,
     interval: IntervalOpt = 2.0,
@@ -448,6 +451,7 @@ def list_runs(
         include_deleted=False,
         pipeline=pipeline,
         status=status,
+        parent=parent,
         limit=limit,
         watch=watch,
         interval=interval,

@@ -134,12 +134,7 @@ _WEB_POOL = pool_options(
 
 if DATABASE_URL:
     DATABASES = {
-        "default": database_from_url(
-            DATABASE_URL,
-            pool=_WEB_POOL if GRAPHENE_PROCESS == process.WEB else None,
-            # What pg_stat_activity shows, so that an operator sees which process holds what.
-            application_name=f"graphene-{GRAPHENE_PROCESS}" if GRAPHENE_PROCESS else "graphene",
-        )
+        "default": database_from_url(DATABASE_URL, pool=_WEB_POOL if GRAPHENE_PROCESS == process.WEB else None)
     }
 else:
     DATABASES = {

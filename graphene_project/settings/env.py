@@ -67,15 +67,13 @@ def database_from_url(
     *,
     setting: str = "GRAPHENE_DATABASE_URL",
     pool: dict[str, Any] | None = None,
-    application_name: str = "",
 ) -> dict[str, Any]:
     """Translate ``postgresql://user:password@host:port/name?opt=v`` into a Django DATABASES entry.
 
     Only PostgreSQL is accepted: production mode needs row locks and ``SKIP LOCKED``. With
     ``pool`` (psycopg_pool's options) connections are borrowed from a pool of this process and
     given back at the end of each request; the URL's ``conn_max_age`` is then ignored, as
-    Django's pool refuses persistent connections. ``application_name`` is what PostgreSQL
-    shows for the connections (``pg_stat_activity``) unless the URL names one.
+    Django's pool refuses persistent connections.
     """
     try:
         parts = urlsplit(url)
@@ -95,8 +93,6 @@ def database_from_url(
         connect_timeout = int(options.pop("connect_timeout", "5"))
     except ValueError as exc:
         raise ImproperlyConfigured(f"{setting} has a non-integer option: {exc}") from None
-    if application_name:
-        options.setdefault("application_name", application_name)
     if pool is not None:
         options["pool"] = pool
     return {

@@ -286,7 +286,8 @@ class EventStream:
 
     def __init__(self, transport: Transport, path: str, params: Params, *, read_timeout: float = 45.0) -> None:
         self._transport = transport
-        self._target = transport.url(path, params).removeprefix(transport.server)
+        url = urllib.parse.urlsplit(transport.url(path, params))
+        self._target = url.path + (f"?{url.query}" if url.query else "")  # a server under a path keeps it
         self._path = path
         self._read_timeout = read_timeout
         self._events: queue.Queue[Any] = queue.Queue()

@@ -57,5 +57,6 @@ def test_put_list_and_get(ctl: Ctl, server: Server, tmp_path: Path, monkeypatch:
     assert no_owner.code == 2
     assert "--owner" in no_owner.err
     bad_owner = ctl("artifact", "put", str(source), "--owner", "not-a-uuid")
-    assert bad_owner.code == 3, bad_owner.err
+    assert bad_owner.code == 2, bad_owner.err  # a malformed id is a usage error, naming the field
+    assert "owner: not a record id" in bad_owner.err
     assert "Download an artifact" in ctl.ok("artifact", "get", "--help").out

@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 import yaml
+from django.db import transaction
 from rest_framework.authtoken.models import Token
 
 from apps.agents.models import AgentToken
 from apps.observability.models import LogLine
+from apps.pipelines import services
 from apps.pipelines.choices import TERMINAL
 from apps.pipelines.models import Run
 from apps.records.choices import Phase
@@ -77,6 +79,32 @@ def test_get_stands_pipeline_lists_what_the_stand_holds(ctl: Ctl) -> None:
     assert [h["name"] for h in ctl.ok("get", "stands", "sample.cli", "-o", "json").json()["holdings"]] == ["held"]
 
 
+def test_child_runs_are_found_from_their_parent(ctl: Ctl) -> None:
+    parent = services.run_start(pipeline_name="sample.wait", inputs={})
+    with transaction.atomic():  # as the engine starts them, with the parent's journal entry
+        children = services.run_start_children(
+            parent=parent, pipeline_name="sample.child", inputs=[{"index": 0}, {"index": 1}], concurrency=1, group=1
+        )
+    services.run_start(pipeline_name="sample.child", inputs={"index": 7})  # another run, no child
+    listed = ctl.ok("run", "list", "--parent", f"run/{parent.pk}", "-o", "json").json()
+    assert sorted(r["id"] for r in listed) == sorted(str(c.pk) for c in children)
+    assert ctl.ok("get", "runs", "--parent", str(parent.pk), "-o", "name").out.split() == [
+        f"run/{c.pk}" for c in reversed(children)
+    ]
+    described = ctl.ok("describe", f"run/{children[0].pk}").out
+    assert f"run/{parent.pk} (sample.wait#{parent.number})" in described
+    about_parent = ctl.ok("describe", f"run/{parent.pk}").out
+    assert "Child runs (2):" in about_parent
+    tree = ctl.ok("tree", f"run/{parent.pk}").out
+    for child in children:
+        assert f"child run sample.child#{child.number}" in tree, tree
+        assert f"run/{child.pk}" in tree
+    assert tree.index(f"sample.child#{children[0].number}") < tree.index(f"sample.child#{children[1].number}")
+    refused = ctl("get", "records", "--parent", str(parent.pk))
+    assert refused.code == 2
+    assert "--parent filters runs" in refused.err
+
+
 def test_describe_a_run_shows_its_status_and_what_it_waits_on(ctl: Ctl, workers: list[Worker]) -> None:
     sleeping = start(ctl, hold_seconds=600)
     wait_for(lambda: Run.objects.get(pk=sleeping).status == "suspended" and Run.objects.get(pk=sleeping).wake_at)
@@ -89,7 +117,7 @@ def test_describe_a_run_shows_its_status_and_what_it_waits_on(ctl: Ctl, workers:
     assert f"run/{sleeping} is suspended" in ctl.ok("describe", f"record/{sleeping}").out
 
     # A record that takes a while to create (the worker creating it is busy meanwhile).
-    waiting = ctl.ok("run", "start", "sample.wait", "-i", "create_ms=6000", "-o", "json").json()["id"]
+    waiting = ctl.ok("run", "start", "sample.wait", "-i", "create_ms=12000", "-o", "json").json()["id"]
     wait_for(lambda: Run.objects.get(pk=waiting).status == "suspended")
     described = ctl.ok("describe", waiting).out
     assert "Status:     suspended: waiting on test.flaky/thing (creating)" in described, described

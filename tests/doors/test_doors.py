@@ -255,3 +255,15 @@ def test_the_studio_start_form_shows_the_doors_refusal_on_the_field(django_user_
     assert not Run.objects.exists()
     refused = studio.get("/runs/?q=a%00b")  # the door's check holds for the Studio's pages too
     assert refused.status_code == 400
+
+
+def test_the_sdk_client_refuses_an_unsendable_body_before_sending_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's rules, on the client's side: nothing reaches the network (port 9 answers nothing)."""
+    from graphene_sdk import Client, ClientError
+
+    monkeypatch.delenv("GRAPHENE_CONTEXT", raising=False)
+    client = Client("http://127.0.0.1:9", token="unused")
+    with pytest.raises(ClientError) as refused:
+        client.start_by_name("hello", {"name": "A\x00da", "tags": ["\udcff"]})
+    assert (refused.value.status, refused.value.code) == (400, "validation_failed")
+    assert set(refused.value.fields) == {"inputs.name", "inputs.tags.0"}

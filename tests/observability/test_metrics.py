@@ -215,7 +215,9 @@ def test_series_refuse_bad_parameters(api: APIClient) -> None:
         assert body["error"] == "validation_failed", body
         assert field in body["fields"], body
     assert api.get("/api/v1/records/00000000-0000-0000-0000-000000000000/metrics/").status_code == 404
-    assert api.get("/api/v1/records/nope/metrics/").json()["error"] == "not_found"
+    malformed = api.get("/api/v1/records/nope/metrics/")
+    assert malformed.status_code == 400  # a malformed id names its field; a well-formed unknown one is a 404
+    assert malformed.json()["error"] == "validation_failed"
     assert APIClient().get(url).status_code == 401
 
 
