@@ -13,7 +13,10 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # The stamp names a hash of everything that decides the installed set, so a change to any of
 # these files (or a switch between branches that differ) reinstalls, and nothing else does.
-SETUP_INPUTS := requirements/base.txt requirements/dev.txt pyproject.toml
+SETUP_INPUTS := requirements/base.txt requirements/dev.txt requirements/codegen.txt pyproject.toml
+# openapi-python-client (tests/api/test_generated_client.py) pins an older typer than
+# graphenectl's, so it lives in a virtualenv of its own, inside .venv.
+CODEGEN := $(VENV)/codegen
 STAMP := $(VENV)/.setup-$(shell cat $(SETUP_INPUTS) 2>/dev/null | sha256sum | cut -c1-16)
 
 # `manage.py check --deploy` needs production settings; these dummies only satisfy their
@@ -57,6 +60,8 @@ $(STAMP): $(SETUP_INPUTS)
 	@extra=$$(comm -23 <($(PY) -m pip freeze --exclude-editable 2>/dev/null | grep -v '^#' | cut -d= -f1 | tr A-Z a-z | sort) \
 		<(grep -h '==' requirements/base.txt requirements/dev.txt | cut -d= -f1 | tr A-Z a-z | sort) | xargs); \
 	if [ -n "$$extra" ]; then echo "make setup: note: installed in $(VENV) but not in requirements/*.txt: $$extra" >&2; fi
+	$(PY) -m venv --clear $(CODEGEN)
+	$(CODEGEN)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/codegen.txt
 	@rm -f $(VENV)/.setup-*
 	@touch $@
 
@@ -105,7 +110,11 @@ lock: setup  ## re-resolve requirements/*.in into the pinned requirements/*.txt 
 	  echo "# Edit dev.in and regenerate with \`make lock\`."; \
 	  echo "-r base.txt"; \
 	  "$$tmp/dev/bin/pip" freeze --exclude-editable | grep -v '^#' | grep -vxF -f "$$tmp/base.txt"; } > requirements/dev.txt; \
-	echo "make lock: wrote requirements/base.txt and requirements/dev.txt; run make setup to install them"
+	$(PY) -m venv "$$tmp/codegen"; "$$tmp/codegen/bin/pip" install --quiet -r requirements/codegen.in; \
+	{ echo "# openapi-python-client (tests/api/test_generated_client.py), fully pinned, in a virtualenv of its own"; \
+	  echo "# (.venv/codegen): it pins an older typer than graphenectl's. Edit codegen.in and run \`make lock\`."; \
+	  "$$tmp/codegen/bin/pip" freeze | grep -v '^#'; } > requirements/codegen.txt; \
+	echo "make lock: wrote requirements/base.txt, dev.txt and codegen.txt; run make setup to install them"
 
 # The Studio's front-end libraries, vendored as Django's admin vendors jQuery: built files of npm
 # tarballs, pinned by version and by the registry's integrity (sha512), checked by tools/vendor-npm

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.agents import views as agent_views
 from apps.api import errors as api_errors
@@ -12,6 +12,8 @@ urlpatterns = [
     path("readyz", core_views.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),  # observability: Prometheus exposition
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # Swagger UI over the schema, its files from drf-spectacular-sidecar (served here, no CDN).
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("apps.observability.api.urls")),  # observability: record metrics, run traces
     path("api/v1/", include("apps.api.urls")),
     # Anything else under /api/ is the API's JSON 404 (not the Studio's catch-all login redirect).

@@ -39,6 +39,26 @@ class Paged(CursorPagination):
         size = validation.parse_int(raw, field="limit", default=self.page_size or 100, lo=1, hi=_LIMIT_CEILING)
         return min(size, self.max_page_size or size)
 
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        """``cursor`` and ``limit`` as the server takes them (drf-spectacular reads this)."""
+        return [
+            {
+                "name": self.cursor_query_param,
+                "required": False,
+                "in": "query",
+                "description": "a cursor from a next or previous link, as it is",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": self.page_size_query_param or "limit",
+                "required": False,
+                "in": "query",
+                "description": f"rows per page (default {self.page_size}; more than {self.max_page_size} is "
+                f"served as {self.max_page_size})",
+                "schema": {"type": "integer", "minimum": 1, "maximum": _LIMIT_CEILING},
+            },
+        ]
+
     def decode_cursor(self, request: Request) -> Cursor | None:
         try:
             return super().decode_cursor(request)

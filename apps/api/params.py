@@ -40,18 +40,32 @@ class DoorChecks:
     * ids in its URL (``path_ids``: URL keyword → what it names): a malformed one is a 400
       naming it (``id``, ``command_id``), not a 404: no row could ever have that id;
     * its body, parsed (and so checked: size, depth, storable values) even by an action that
-      does not read it: a cancel with a broken body is refused, not carried out.
+      does not read it: a cancel with a broken body is refused, not carried out;
+    * its query: a parameter is given once, except those in ``repeatable_params`` (label
+      selectors): ``?limit=5&limit=abc`` is a 400, not whichever value a parser keeps.
     """
 
     path_ids: dict[str, str] = {}
+    repeatable_params: frozenset[str] = frozenset({"label"})
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]  # a mixin before a DRF view
+        for name in request.query_params:
+            given = len(request.query_params.getlist(name))
+            if given > 1 and name not in self.repeatable_params:
+                raise ValidationFailed(
+                    f"{name} is given {given} times; give it once" + _list_hint(name),
+                    fields={name: ["given more than once"]},
+                )
         for kwarg, noun in self.path_ids.items():
             if kwarg in kwargs:
                 validation.parse_uuid(kwargs[kwarg], field="id" if kwarg == "pk" else kwarg, noun=noun)
         if request.method not in SAFE_METHODS and request.negotiator.select_parser(request, request.parsers):
             _ = request.data  # a body no parser of this view takes (a raw upload) is the view's own
+
+
+def _list_hint(name: str) -> str:
+    return " (several values go comma-separated: ?status=failed,cancelled)" if name in {"status", "phase"} else ""
 
 
 def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -72,14 +86,19 @@ def datetime_param(params: Mapping[str, str], name: str) -> Any:
         raise ValidationFailed(f"{name}={raw!r} is not an ISO 8601 date-time", fields={name: ["not a date-time"]})
     if timezone.is_naive(value):
         value = timezone.make_aware(value, dt.UTC)
-    return value
+    try:
+        # In UTC: PostgreSQL takes offsets up to 15:59 only (ISO 8601 allows up to 23:59).
+        return value.astimezone(dt.UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00: before the first instant Python holds (or after the last)
+        early = value.year == dt.MINYEAR
+        return (dt.datetime.min if early else dt.datetime.max).replace(tzinfo=dt.UTC)
 
 
 def log_filter_params(params: Mapping[str, str]) -> dict[str, Any]:
     """The filters of a record's log (``grep``, ``severity``, ``since``, ``until``,
     ``descendants``), as ``observability.selectors.log_rows`` takes them."""
     return {
-        "descendants": params.get("descendants", "true").lower() not in {"0", "false", "no"},
+        "descendants": bool_param(params, "descendants", default=True),
         "grep": params.get("grep"),
         "min_severity": params.get("severity"),
         "since": datetime_param(params, "since"),
@@ -97,3 +116,26 @@ def log_start_params(params: Mapping[str, str], last_event_id: str = "") -> dict
         "last_event_id": int(last_event_id) if resumed else None,
         "tail": 0 if resumed else int_param(params, "tail", 0, 1, MAX_TAIL),
     }
+
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+
+
+def bool_param(params: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """A boolean query parameter (``true``/``false``, ``1``/``0``, ``yes``/``no``, any case),
+    ``default`` if absent; anything else is a field error (not a silent false)."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValidationFailed(f"{name}={raw!r} must be true or false", fields={name: ["must be true or false"]})
+
+
+def uuid_param(params: Mapping[str, str], name: str, noun: str = "record") -> str | None:
+    """An id query parameter, None if absent; given but not a UUID (empty too) is a field error."""
+    raw = params.get(name)
+    return None if raw is None else str(validation.parse_uuid(raw, field=name, noun=noun))

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import QueryDict
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 
@@ -47,17 +46,6 @@ class JSONParser(parsers.JSONParser):
         except (ValueError, RecursionError) as exc:  # RecursionError: never, after the depth check
             raise ParseError(f"JSON parse error - {exc}") from None
         return validation.check_json(data, what="the body")
-
-
-class FormParser(parsers.FormParser):
-    """URL-encoded bodies: bounded in size, every name and value storable text."""
-
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
-        raw = _read_bounded(stream, parser_context)
-        encoding = parsers.get_encoding(parser_context or {})  # type: ignore[attr-defined]  # untyped in the stubs
-        data = QueryDict(raw, encoding=encoding)
-        validation.check_params(data, prefix="")
-        return data
 
 
 class MultiPartParser(parsers.MultiPartParser):

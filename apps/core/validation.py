@@ -61,7 +61,7 @@ def max_depth() -> int:
 
 
 def max_body_bytes() -> int:
-    """The largest request body parsed into memory (JSON and form bodies; not artifact uploads)."""
+    """The largest request body parsed into memory (JSON bodies; not artifact uploads)."""
     return int(settings.GRAPHENE_API_MAX_BODY_BYTES)
 
 

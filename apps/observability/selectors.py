@@ -46,7 +46,7 @@ def log_lines(
         qs = qs.filter(message__icontains=grep)
     if min_severity:
         if min_severity not in SEVERITIES:
-            raise ValidationFailed(f"severity must be one of {list(SEVERITIES)}", fields={"severity": [min_severity]})
+            raise ValidationFailed(f"severity must be one of {[*SEVERITIES]}", fields={"severity": [min_severity]})
         qs = qs.filter(severity__in=SEVERITIES[SEVERITIES.index(min_severity) :])
     if since:
         qs = qs.filter(at__gte=since)
@@ -296,7 +296,9 @@ def log_rows(
 # --- metric series ----------------------------------------------------------------------------
 
 _UNITS = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
-_PART = re.compile(r"(\d+)([wdhms])")
+_PART = re.compile(r"([0-9]+)([wdhms])")
+# What ``parse_duration`` takes, as the API's schema declares it (``?window=``, ``?step=``).
+DURATION_PATTERN = r"^([0-9]+|([0-9]+[wdhmsWDHMS])+)$"
 # Buckets one series may return (Prometheus refuses more than 11,000 points per series too).
 MAX_POINTS = 11_000
 # Buckets when the step is not given: the default step (60 s) grows to stay below this.
@@ -309,8 +311,10 @@ MAX_SERIES = 500
 
 def parse_duration(text: str, *, param: str) -> int:
     """Whole seconds in ``90s``, ``15m``, ``1h30m``, ``1d``, ``1w`` or a bare number of seconds."""
-    raw = text.strip().lower()
-    if raw.isdigit():
+    raw = text.lower()
+    if len(raw) > 40:  # a longer one is either malformed or beyond any bound (and int() has a limit)
+        raise ValidationFailed(f"{param} is too long to be a duration", fields={param: ["not a duration"]})
+    if raw.isascii() and raw.isdigit():
         seconds = int(raw)
     else:
         parts = _PART.findall(raw)

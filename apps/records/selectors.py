@@ -41,11 +41,11 @@ def filter_labels(qs: QuerySet[Record], labels: dict[str, str]) -> QuerySet[Reco
 
 
 def parse_label_selector(values: list[str]) -> dict[str, str]:
+    """``key=value`` selectors (each value one pair, or pairs joined by commas) as a dict; the
+    API's schema declares the same form (``apps.api.schema.LABEL_SELECTOR_PATTERN``)."""
     labels: dict[str, str] = {}
     for value in values:
         for part in value.split(","):
-            if not part:
-                continue
             key, sep, val = part.partition("=")
             if not sep or not key:
                 raise ValidationFailed(f"label selector {part!r} must look like key=value", fields={"label": [part]})

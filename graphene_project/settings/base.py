@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/docs/ (no CDN)
     "mptt",
     "channels",
     "apps.core",
@@ -238,15 +239,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apps.api.schema.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
     # Bounded parsers (apps/api/parsers.py): size, depth and storable values checked at the door.
-    "DEFAULT_PARSER_CLASSES": [
-        "apps.api.parsers.JSONParser",
-        "apps.api.parsers.FormParser",
-        "apps.api.parsers.MultiPartParser",
-    ],
+    # Bodies are JSON (anything else is a 415); only an artifact upload takes multipart, its own.
+    "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.JSONParser"],
     # ?limit= is checked by the paginators (apps/api/pagination.py): a malformed one is a 400.
 }
 # How many levels of objects and arrays a JSON document may nest (a request body, run inputs,
@@ -265,6 +263,15 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # One name for a choice set used by several fields (a run's status, and a status event's from/to).
     "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "apps.pipelines.choices.RunStatus"},
+    # Every operation declares its error answers in the API's one shape (apps/api/schema.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.api.schema.error_responses",
+    ],
+    # /api/docs/ serves Swagger UI from drf-spectacular-sidecar's files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Graphene ----------------------------------------------------------------------------

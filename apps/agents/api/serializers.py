@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.agents.choices import Guarantee
 from apps.agents.models import AgentCommand
+from apps.agents.services.payloads import MAX_ARGV, MAX_TIMEOUT_SECONDS
 from apps.records.models import Record
 
 
@@ -121,11 +123,36 @@ class CommandOutput(serializers.ModelSerializer[AgentCommand]):
         return payload
 
 
+# The shapes the command service takes (apps/agents/services/payloads.py), declared for the
+# schema; the service checks them (the API and the engine refuse alike).
+@extend_schema_field({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_ARGV})
+class _Argv(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}, "nullable": True})
+class _Env(serializers.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "string", "nullable": True, "description": "an absolute path"})
+class _Cwd(serializers.JSONField):
+    pass
+
+
+@extend_schema_field(
+    {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_TIMEOUT_SECONDS, "nullable": True}
+)
+class _Timeout(serializers.JSONField):
+    pass
+
+
 class ExecInput(serializers.Serializer[Any]):
-    argv = serializers.JSONField(help_text="the program and its arguments: a non-empty list of strings")
-    env = serializers.JSONField(required=False, help_text="variables added to the agent's environment")
-    cwd = serializers.JSONField(required=False, help_text="absolute working directory on the machine")
-    timeout = serializers.JSONField(required=False, help_text="seconds; the process group is killed after it")
+    refuses_unknown_fields = True
+    argv = _Argv(help_text="the program and its arguments: a non-empty list of strings")
+    env = _Env(required=False, help_text="variables added to the agent's environment")
+    cwd = _Cwd(required=False, help_text="absolute working directory on the machine")
+    timeout = _Timeout(required=False, help_text="seconds; the process group is killed after it")
     guarantee = serializers.ChoiceField(choices=Guarantee.choices, default=Guarantee.AT_LEAST_ONCE)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -139,6 +166,7 @@ class ExecInput(serializers.Serializer[Any]):
 
 
 class AgentCreateInput(serializers.Serializer[Any]):
+    refuses_unknown_fields = True
     name = serializers.CharField(max_length=253, help_text="the agent's name, unique among its owner's agents")
     labels = serializers.DictField(
         child=serializers.CharField(allow_blank=True), required=False, default=dict, help_text="k: v labels"

@@ -21,7 +21,8 @@ from apps.agents.api.serializers import (
     CommandOutput,
     ExecInput,
 )
-from apps.agents.choices import CommandKind
+from apps.agents.choices import CommandKind, CommandStatus
+from apps.api import schema as api_schema
 from apps.api.pagination import NewestFirst
 from apps.api.params import DoorChecks
 from apps.core.errors import ValidationFailed
@@ -33,7 +34,7 @@ COMMAND_ID = OpenApiParameter("command_id", OpenApiTypes.UUID, OpenApiParameter.
 
 def _bool_param(request: Request, name: str) -> bool | None:
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return None
     if raw.lower() in ("true", "1", "yes"):
         return True
@@ -65,8 +66,8 @@ class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("connected", bool, description="only connected (true) or disconnected (false) agents"),
-            OpenApiParameter("label", str, many=True, description="k=v (repeatable; all must match)"),
+            api_schema.bool_param("connected", "only connected (true) or disconnected (false) agents"),
+            api_schema.label_param(),
         ],
         responses=AgentOutput(many=True),
     )
@@ -110,7 +111,7 @@ class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
         return Response(AgentOutput(selectors.agent_get(user=request.user, agent_id=pk)).data)
 
     @extend_schema(
-        parameters=[OpenApiParameter("status", str, description="comma-separated statuses")],
+        parameters=[api_schema.enum_list_param("status", [*CommandStatus.values], "comma-separated statuses")],
         responses=CommandOutput(many=True),
     )
     @action(detail=True, methods=["get"])

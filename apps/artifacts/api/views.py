@@ -20,6 +20,7 @@ from typing import IO, Any
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.utils.http import content_disposition_header
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
@@ -27,8 +28,9 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.api import schema as api_schema
 from apps.api.pagination import NewestFirst
-from apps.api.params import MAX_SECONDS, DoorChecks, int_param
+from apps.api.params import MAX_SECONDS, DoorChecks, bool_param, int_param, uuid_param
 from apps.api.parsers import MultiPartParser
 from apps.artifacts import blobs, selectors, services
 from apps.artifacts.api.serializers import ArtifactOutput
@@ -69,18 +71,24 @@ async def _chunks(blob: IO[bytes]) -> AsyncIterator[bytes]:
 LIST_PARAMS = [
     OpenApiParameter("name", str, description="artifacts of this name (exact)"),
     OpenApiParameter("pipeline", str, description="held by the pipeline's stand or published by its runs"),
-    OpenApiParameter("run", str, description="published by this run (its id)"),
-    OpenApiParameter("label", str, many=True, description="k=v (repeatable; all must match)"),
-    OpenApiParameter("include_deleted", bool, description="also deleted ones (tombstones)"),
+    api_schema.uuid_param("run", "published by this run (its id)"),
+    api_schema.label_param(),
+    api_schema.bool_param("include_deleted", "also deleted ones (tombstones)"),
 ]
 
 UPLOAD_PARAMS = [
     OpenApiParameter("name", str, required=True, description="the artifact's name, e.g. dist/app.tar.gz"),
-    OpenApiParameter("owner", str, required=True, description="the owning record's id (a stand's, or any record's)"),
+    OpenApiParameter(
+        "owner", OpenApiTypes.UUID, required=True, description="the owning record's id (a stand's, or any record's)"
+    ),
     OpenApiParameter("content_type", str, description="media type (default: the body's, else guessed from name)"),
-    OpenApiParameter("sha256", str, description="the expected digest: the upload is refused if the bytes differ"),
-    OpenApiParameter("ttl_seconds", int, description="delete it after this many seconds"),
-    OpenApiParameter("label", str, many=True, description="k=v (repeatable)"),
+    OpenApiParameter(
+        "sha256",
+        {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        description="the expected digest (hex): the upload is refused if the bytes differ",
+    ),
+    api_schema.int_param("ttl_seconds", 1, MAX_SECONDS, "delete it after this many seconds"),
+    api_schema.label_param("k=v (repeatable)"),
 ]
 
 
@@ -128,9 +136,9 @@ class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
             name=params.get("name"),
             pipeline=pipeline,
             published_by=run_selectors.pipeline_run_ids(pipeline=pipeline) if pipeline else None,
-            run=params.get("run"),
+            run=uuid_param(params, "run", noun="run"),
             labels=record_selectors.parse_label_selector(params.getlist("label")),
-            include_deleted=params.get("include_deleted", "").lower() in {"1", "true", "yes"},
+            include_deleted=bool_param(params, "include_deleted"),
         )
         page = self.paginate_queryset(run_selectors.with_pipeline_name(qs))
         return self.get_paginated_response(ArtifactOutput(page, many=True, context={"request": request}).data)
@@ -142,7 +150,14 @@ class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
 
     @extend_schema(
         parameters=UPLOAD_PARAMS,
-        request={"application/octet-stream": bytes, "multipart/form-data": {"type": "object"}},
+        request={
+            "application/octet-stream": bytes,
+            "multipart/form-data": {
+                "type": "object",
+                "properties": {"file": {"type": "string", "format": "binary"}},
+                "required": ["file"],
+            },
+        },
         responses={201: ArtifactOutput, 200: ArtifactOutput, 409: None, 413: None},
     )
     def create(self, request: Request) -> Response:

@@ -12,13 +12,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.api import schema as api_schema
 from apps.api.params import DoorChecks, datetime_param
 from apps.observability import selectors
+from apps.observability.services import METRIC_NAME
 from apps.pipelines import selectors as run_selectors
 from apps.records import selectors as record_selectors
 
 _Point = inline_serializer(
     "MetricBucket",
+    many=True,
     fields={
         "at": serializers.DateTimeField(help_text="the bucket's start (aligned to the step since the Unix epoch)"),
         "count": serializers.IntegerField(),
@@ -30,6 +33,7 @@ _Point = inline_serializer(
 )
 _Series = inline_serializer(
     "MetricSeries",
+    many=True,
     fields={"name": serializers.CharField(), "labels": serializers.DictField(), "points": _Point},
 )
 _MetricsOutput = inline_serializer(
@@ -67,10 +71,22 @@ class RecordMetricsView(DoorChecks, APIView):
     @extend_schema(
         operation_id="records_metrics",
         parameters=[
-            OpenApiParameter("name", str, description="one series name (default: every name the record has)"),
-            OpenApiParameter("window", str, description="how far back from end: 90s, 15m, 1h (default), 7d"),
-            OpenApiParameter("step", str, description="bucket width: 10s, 60s (default, larger for long windows)"),
-            OpenApiParameter("end", str, description="ISO 8601 end of the window (default now)"),
+            OpenApiParameter(
+                "name",
+                {"type": "string", "pattern": f"^{METRIC_NAME.pattern}$"},
+                description="one series name (default: every name the record has)",
+            ),
+            OpenApiParameter(
+                "window",
+                {"type": "string", "pattern": selectors.DURATION_PATTERN},
+                description="how far back from end: 90s, 15m, 1h (default), 1h30m, 7d, or seconds",
+            ),
+            OpenApiParameter(
+                "step",
+                {"type": "string", "pattern": selectors.DURATION_PATTERN},
+                description="bucket width: 10s, 60s (default, larger for long windows)",
+            ),
+            api_schema.datetime_param("end", "ISO 8601 end of the window (default now)"),
         ],
         responses=_MetricsOutput,
     )

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
@@ -83,8 +84,32 @@ class RunOutput(serializers.ModelSerializer):
         return str(obj.parent_run) if obj.parent_run_id is not None and obj.parent_run is not None else None
 
 
+class RunDetailOutput(RunOutput):
+    """A run with its journal: the run's own fields, flat, then its first journal entries."""
+
+    journal = serializers.SerializerMethodField(help_text="the journal's first entries, oldest first")
+    journal_truncated = serializers.SerializerMethodField(help_text="the journal has more entries than shown")
+
+    class Meta(RunOutput.Meta):
+        fields = [*RunOutput.Meta.fields, "journal", "journal_truncated"]
+        read_only_fields = fields
+
+    @extend_schema_field(JournalEntryOutput(many=True))
+    def get_journal(self, obj: Run) -> list[dict[str, Any]]:
+        return list(JournalEntryOutput(self.context["journal"], many=True).data)
+
+    def get_journal_truncated(self, obj: Run) -> bool:
+        return bool(self.context["journal_truncated"])
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class _Inputs(serializers.JSONField):
+    """A run's inputs: an object, checked against the pipeline's ``input_schema``."""
+
+
 class RunStartInput(serializers.Serializer):
-    inputs = serializers.JSONField(
+    refuses_unknown_fields = True
+    inputs = _Inputs(
         required=False, default=dict, help_text="the pipeline's inputs, checked strictly against its schema"
     )
 

@@ -28,6 +28,7 @@ class ExtendHoldingInput(HoldingInput):
 
 StandSummary = inline_serializer(
     "StandSummary",
+    many=True,
     fields={
         "pipeline": serializers.CharField(),
         "id": serializers.UUIDField(),
@@ -36,12 +37,26 @@ StandSummary = inline_serializer(
     },
 )
 
+
+class StandHoldingOutput(RecordOutput):
+    """A record the stand holds directly, with the size of its subtree."""
+
+    subtree_records = serializers.SerializerMethodField(help_text="records in its subtree, itself included")
+
+    class Meta(RecordOutput.Meta):
+        fields = [*RecordOutput.Meta.fields, "subtree_records"]
+        read_only_fields = fields
+
+    def get_subtree_records(self, obj: Record) -> int:
+        return int(obj.get_descendant_count()) + 1
+
+
 StandDetail = inline_serializer(
     "StandDetail",
     fields={
         "pipeline": serializers.CharField(),
         "id": serializers.UUIDField(allow_null=True, help_text="null until something is handed to the stand"),
-        "holdings": RecordOutput(many=True),
+        "holdings": StandHoldingOutput(many=True),
     },
 )
 
@@ -76,11 +91,8 @@ class StandViewSet(DoorChecks, viewsets.ViewSet):
         """What the stand holds. A pipeline whose stand has held nothing yet has none: its ``id``
         is null (a GET makes nothing; the stand is made when something is handed to it)."""
         stand = _stand(request, pipeline)
-        items = []
-        for record in selectors.stand_holdings(user=request.user, stand=stand) if stand else []:
-            item = dict(RecordOutput(record).data)
-            item["subtree_records"] = record.get_descendant_count() + 1
-            items.append(item)
+        holdings = selectors.stand_holdings(user=request.user, stand=stand) if stand else []
+        items = StandHoldingOutput(holdings, many=True).data
         return Response({"pipeline": pipeline, "id": str(stand.pk) if stand else None, "holdings": items})
 
     @extend_schema(request=ExtendHoldingInput, responses=RecordOutput)

@@ -4,43 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import serializers, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.api import schema as api_schema
 from apps.api.pagination import ByName, NewestFirst, OldestFirstById
-from apps.api.params import DoorChecks
+from apps.api.params import DoorChecks, uuid_param
 from apps.pipelines import selectors, services
 from apps.pipelines.api.serializers import (
-    JournalEntryOutput,
     PipelineOutput,
+    RunDetailOutput,
     RunEventOutput,
     RunOutput,
     RunStartInput,
 )
+from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Pipeline, Run
 
 JOURNAL_LIMIT = 1000
 
 
 def _run_detail(run: Run) -> dict[str, Any]:
-    body = dict(RunOutput(run).data)
     journal = selectors.run_journal(run=run, limit=JOURNAL_LIMIT + 1)
-    body["journal"] = JournalEntryOutput(journal[:JOURNAL_LIMIT], many=True).data
-    body["journal_truncated"] = len(journal) > JOURNAL_LIMIT
-    return body
-
-
-RunDetail = inline_serializer(
-    "RunDetail",
-    fields={
-        "run": RunOutput(),
-        "journal": JournalEntryOutput(many=True),
-        "journal_truncated": serializers.BooleanField(),
-    },
-)
+    context = {"journal": journal[:JOURNAL_LIMIT], "journal_truncated": len(journal) > JOURNAL_LIMIT}
+    return dict(RunDetailOutput(run, context=context).data)
 
 
 class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
@@ -83,9 +73,9 @@ class RunViewSet(DoorChecks, viewsets.GenericViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("pipeline", str),
-            OpenApiParameter("status", str, description="comma-separated statuses"),
-            OpenApiParameter("parent", str, description="the child runs of this run (a run id)"),
+            OpenApiParameter("pipeline", str, description="runs of this pipeline (its name)"),
+            api_schema.enum_list_param("status", [*RunStatus.values], "comma-separated statuses"),
+            api_schema.uuid_param("parent", "the child runs of this run (a run id)"),
         ],
         responses=RunOutput(many=True),
     )
@@ -95,12 +85,12 @@ class RunViewSet(DoorChecks, viewsets.GenericViewSet):
             user=request.user,
             pipeline=request.query_params.get("pipeline"),
             statuses=statuses,
-            parent=request.query_params.get("parent"),
+            parent=uuid_param(request.query_params, "parent", noun="run"),
         ).select_related("pipeline", "parent_run__pipeline")
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(RunOutput(page, many=True).data)
 
-    @extend_schema(responses=RunDetail)
+    @extend_schema(responses=RunDetailOutput)
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(_run_detail(selectors.run_get(user=request.user, run_id=pk)))
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.params import MAX_SECONDS, StrictInteger
@@ -68,12 +69,27 @@ class RecordDetailOutput(RecordOutput):
         return {"total": sum(counts.values()), **counts}
 
 
+@extend_schema_field({"type": "string", "format": "uuid", "nullable": True})
+class _OwnerId(serializers.JSONField):
+    """A record id, or null; a list is refused with a hint (a record has exactly one owner)."""
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class _Object(serializers.JSONField):
+    """A JSON object (the kind's spec schema says more)."""
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
+class _Labels(serializers.JSONField):
+    """Labels: strings to strings."""
+
+
 class RecordApplyInput(serializers.Serializer):
     kind = serializers.CharField(max_length=200)
     name = serializers.CharField(max_length=253)
-    owner = serializers.JSONField(required=False, allow_null=True, help_text="id of the owning record")
-    spec = serializers.JSONField(required=False, default=dict)
-    labels = serializers.JSONField(required=False, default=dict)
+    owner = _OwnerId(required=False, allow_null=True, help_text="id of the owning record")
+    spec = _Object(required=False, default=dict)
+    labels = _Labels(required=False, default=dict)
     namespace = serializers.CharField(max_length=63, required=False, default="default")
     ttl_seconds = StrictInteger(required=False, min_value=1, max_value=MAX_SECONDS, allow_null=True)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
@@ -152,3 +168,18 @@ class LogLineOutput(serializers.ModelSerializer):
         model = LogLine
         fields = ["id", "record", "record_name", "at", "stream", "severity", "source", "message"]
         read_only_fields = fields
+
+
+class LogPage(serializers.Serializer):
+    """A page of a record's log, and how many lines the log bounds removed from what it covers."""
+
+    next = serializers.URLField(allow_null=True, help_text="the next page (after a tail: the lines after it)")
+    previous = serializers.URLField(allow_null=True)
+    results = LogLineOutput(many=True)
+    dropped = serializers.IntegerField(help_text="lines the log bounds removed from the covered records' logs")
+
+
+class SweepOutput(serializers.Serializer):
+    dry_run = serializers.BooleanField()
+    found = serializers.IntegerField()
+    orphans = serializers.ListField(child=serializers.DictField(), help_text="one object per orphan found")

@@ -18,29 +18,34 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.api import schema as api_schema
 from apps.api.pagination import NewestFirst, OldestFirstById
 from apps.api.params import (
+    MAX_LINE_ID,
     MAX_TAIL,
     DoorChecks,
+    bool_param,
     datetime_param,
     int_param,
     log_filter_params,
     log_start_params,
+    uuid_param,
 )
 from apps.core import validation
 from apps.core.db import release_pooled_connection
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import LOG_FIELDS, log_batches, log_output, log_rows, log_start
-from apps.observability.services import log_dropped
+from apps.observability.services import SEVERITIES, log_dropped
 from apps.records import selectors, services
 from apps.records.api.serializers import (
     EventOutput,
     ExtendInput,
     KindOutput,
-    LogLineOutput,
+    LogPage,
     RecordApplyInput,
     RecordDetailOutput,
     RecordOutput,
+    SweepOutput,
     TransferInput,
     TreeNode,
 )
@@ -89,22 +94,22 @@ def _detail(record: Record) -> dict[str, Any]:
 
 LOG_FILTER_PARAMS = [
     OpenApiParameter("grep", str, description="only lines containing this text (case-insensitive)"),
-    OpenApiParameter("severity", str, description="at least this severity: debug, info, warning, error"),
-    OpenApiParameter("since", str, description="ISO 8601 date-time"),
-    OpenApiParameter("until", str, description="ISO 8601 date-time"),
-    OpenApiParameter("descendants", bool, description="include the subtree's lines (default true)"),
+    OpenApiParameter("severity", str, enum=[*SEVERITIES], description="at least this severity"),
+    api_schema.datetime_param("since"),
+    api_schema.datetime_param("until"),
+    api_schema.bool_param("descendants", "include the subtree's lines (default true)"),
 ]
 
 LIST_PARAMS = [
     OpenApiParameter("kind", str, description="exact kind, e.g. file"),
-    OpenApiParameter("phase", str, description="comma-separated phases"),
-    OpenApiParameter("owner", str, description="direct owner's id"),
-    OpenApiParameter("label", str, many=True, description="k=v (repeatable; all must match)"),
+    api_schema.enum_list_param("phase", [*Phase.values], "comma-separated phases"),
+    api_schema.uuid_param("owner", "direct owner's id"),
+    api_schema.label_param(),
     OpenApiParameter("name_prefix", str),
-    OpenApiParameter("created_after", str),
-    OpenApiParameter("created_before", str),
-    OpenApiParameter("updated_after", str),
-    OpenApiParameter("updated_before", str),
+    api_schema.datetime_param("created_after"),
+    api_schema.datetime_param("created_before"),
+    api_schema.datetime_param("updated_after"),
+    api_schema.datetime_param("updated_before"),
 ]
 
 
@@ -120,10 +125,9 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
     def list(self, request: Request) -> Response:
         params = request.query_params
         phases = [p for p in params.get("phase", "").split(",") if p]
-        owner = params.get("owner")
-        if owner:
-            owner_id = validation.parse_uuid(owner, field="owner")
-            owner = str(selectors.record_get(user=request.user, record_id=owner_id).pk)
+        owner = uuid_param(params, "owner")
+        if owner is not None:
+            owner = str(selectors.record_get(user=request.user, record_id=owner).pk)
         qs = selectors.record_list(
             user=request.user,
             kind=params.get("kind"),
@@ -194,15 +198,15 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("wait", bool, description="wait until the whole subtree is deleted"),
-            OpenApiParameter("timeout", int, description="seconds to wait (default 60, at most 300)"),
+            api_schema.bool_param("wait", "wait until the whole subtree is deleted"),
+            api_schema.int_param("timeout", 1, MAX_WAIT_SECONDS, "seconds to wait (default 60)"),
         ],
         responses={200: RecordDetailOutput, 202: RecordDetailOutput},
     )
     def destroy(self, request: Request, pk: str) -> Response:
         """Delete the record and its subtree, children first. 202 while in progress, 200 when gone."""
         record = selectors.record_get(user=request.user, record_id=pk)
-        wait = request.query_params.get("wait", "").lower() in {"1", "true", "yes"}
+        wait = bool_param(request.query_params, "wait")
         timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)  # refused before acting
         record = services.record_delete_request(record=record, actor=request.user)
         if wait:
@@ -215,7 +219,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         return Response(_detail(record), status=code)
 
     @extend_schema(
-        parameters=[OpenApiParameter("depth", int, description="levels below the record (default 3, at most 10)")],
+        parameters=[api_schema.int_param("depth", 0, MAX_TREE_DEPTH, "levels below the record (default 3)")],
         responses=TreeNode,
     )
     @action(detail=True, methods=["get"])
@@ -252,13 +256,11 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
     @extend_schema(
         parameters=[
             *LOG_FILTER_PARAMS,
-            OpenApiParameter(
-                "tail",
-                int,
-                description="only the last N lines (1-10000), oldest first; `next` continues after them (follow)",
+            api_schema.int_param(
+                "tail", 1, MAX_TAIL, "only the last N lines, oldest first; `next` continues after them (follow)"
             ),
         ],
-        responses=LogLineOutput(many=True),
+        responses=LogPage,
     )
     @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
     def logs(self, request: Request, pk: str) -> Response:
@@ -278,8 +280,8 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
     @extend_schema(
         parameters=[
             *LOG_FILTER_PARAMS,
-            OpenApiParameter("after", int, description="start after this line id (or the Last-Event-ID header)"),
-            OpenApiParameter("tail", int, description="start with the last N lines (default: from the first line)"),
+            api_schema.int_param("after", 0, MAX_LINE_ID, "start after this line id (or the Last-Event-ID header)"),
+            api_schema.int_param("tail", 1, MAX_TAIL, "start with the last N lines (default: from the first line)"),
         ],
         responses={(200, "text/event-stream"): str},
     )
@@ -389,12 +391,12 @@ class OrphanViewSet(DoorChecks, viewsets.GenericViewSet):
 
     @extend_schema(
         request=None,
-        parameters=[OpenApiParameter("dry_run", bool, description="only list what would be deleted")],
-        responses={200: dict},
+        parameters=[api_schema.bool_param("dry_run", "only list what would be deleted")],
+        responses=SweepOutput,
     )
     @action(detail=False, methods=["post"])
     def sweep(self, request: Request) -> Response:
         """Run the sweeper now (it also runs every 10 minutes)."""
-        dry_run = request.query_params.get("dry_run", "").lower() in {"1", "true", "yes"}
+        dry_run = bool_param(request.query_params, "dry_run")
         findings = services.records_sweep(dry_run=dry_run)
         return Response({"dry_run": dry_run, "found": len(findings), "orphans": findings})

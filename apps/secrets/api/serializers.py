@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
+from graphene_sdk._secrets import SECRET_NAME
 from rest_framework import serializers
 
 from apps.secrets.models import Secret
+from apps.secrets.services import MAX_VALUE_BYTES
 
 
 class _Strict(serializers.Serializer[Any]):
     """Refuses fields it does not know (a typo such as ``vaule`` must not store an empty secret)."""
+
+    refuses_unknown_fields = True
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(self.initial_data) - set(self.fields))
@@ -19,27 +24,42 @@ class _Strict(serializers.Serializer[Any]):
         return attrs
 
 
-class _Text(serializers.CharField):
-    """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True")."""
+@extend_schema_field({"type": "string"})
+class _Text(serializers.Field):
+    """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True"),
+    as it is: never trimmed (a private key's final newline is part of it). Emptiness and size
+    are checked by the service, so the SDK and the API refuse the same things alike."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        # Never trimmed: a private key's final newline is part of it. Emptiness and size are
-        # checked by the service, so the SDK and the API refuse the same things alike.
-        super().__init__(trim_whitespace=False, allow_blank=True, **kwargs)
+    default_error_messages = {"invalid": "Not a valid string."}
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        return str(super().to_internal_value(data))
+        return data
+
+    def to_representation(self, value: Any) -> str:
+        return str(value)
+
+
+# A value's bound is 64 KiB of UTF-8 (the service checks the bytes); the schema can only count
+# characters, so it says at most as many characters as that many bytes.
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": MAX_VALUE_BYTES, "writeOnly": True})
+class _Value(_Text):
+    pass
+
+
+@extend_schema_field({"type": "string", "pattern": f"^{SECRET_NAME.pattern}$"})
+class _Name(_Text):
+    pass
 
 
 class SecretCreateInput(_Strict):
-    name = _Text()
-    value = _Text(write_only=True)
+    name = _Name()
+    value = _Value(write_only=True)
 
 
 class SecretReplaceInput(_Strict):
-    value = _Text(write_only=True)
+    value = _Value(write_only=True)
 
 
 class SecretOutput(serializers.ModelSerializer[Secret]):

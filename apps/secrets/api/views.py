@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
+from graphene_sdk._secrets import SECRET_NAME
 from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,6 +23,7 @@ class SecretViewSet(DoorChecks, viewsets.GenericViewSet[Secret]):
     queryset = Secret.objects.none()
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
+    path_patterns = {"name": f"^{SECRET_NAME.pattern}$"}
 
     @extend_schema(responses=SecretOutput(many=True))
     def list(self, request: Request) -> Response:

@@ -79,7 +79,7 @@ def record_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
                 kind=kind or None,
                 phases=phases,
                 owner=owner_record.pk if owner_record else None,
-                labels=selectors.parse_label_selector([label_text]),
+                labels=selectors.parse_label_selector([label_text] if label_text else []),
                 include_deleted=include_deleted,
             )
             if namespace:
