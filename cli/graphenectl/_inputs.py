@@ -14,27 +14,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from graphene_sdk.validation import resolve_schema as resolve  # the server's reading of $ref and allOf
+
 Schema = dict[str, Any]
 
 _TRUE = {"true", "yes", "y", "on", "1"}
 _FALSE = {"false", "no", "n", "off", "0"}
-
-
-def resolve(schema: Schema, root: Schema) -> Schema:
-    """Follow ``$ref`` (pydantic puts nested models under ``$defs``); merge a lone ``allOf``."""
-    seen = 0
-    while isinstance(schema, dict) and "$ref" in schema and seen < 20:
-        ref = str(schema["$ref"])
-        target: Any = root
-        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else []:
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        rest = {k: v for k, v in schema.items() if k != "$ref"}
-        schema = {**target, **rest} if isinstance(target, dict) else rest
-        seen += 1
-    if isinstance(schema, dict) and isinstance(schema.get("allOf"), list) and len(schema["allOf"]) == 1:
-        rest = {k: v for k, v in schema.items() if k != "allOf"}
-        schema = {**resolve(schema["allOf"][0], root), **rest}
-    return schema if isinstance(schema, dict) else {}
 
 
 def _options(schema: Schema, root: Schema) -> list[Schema]:

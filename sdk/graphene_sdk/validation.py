@@ -37,6 +37,7 @@ __all__ = [
     "MAX_DEPTH",
     "Problems",
     "json_problems",
+    "resolve_schema",
     "schema_problems",
     "text_problem",
     "text_too_deep",
@@ -147,7 +148,7 @@ def text_too_deep(text: bytes | str, max_depth: int = MAX_DEPTH) -> bool:
 # --- run inputs ------------------------------------------------------------------------------
 
 
-def _resolve(schema: Any, root: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_schema(schema: Any, root: Mapping[str, Any]) -> dict[str, Any]:
     """Follow ``$ref`` (pydantic puts nested models under ``$defs``); merge a lone ``allOf``."""
     for _ in range(20):
         if not isinstance(schema, dict):
@@ -161,7 +162,7 @@ def _resolve(schema: Any, root: Mapping[str, Any]) -> dict[str, Any]:
             schema = {**target, **rest} if isinstance(target, dict) else rest
         elif isinstance(schema.get("allOf"), list) and len(schema["allOf"]) == 1:
             rest = {k: v for k, v in schema.items() if k != "allOf"}
-            schema = {**_resolve(schema["allOf"][0], root), **rest}
+            schema = {**resolve_schema(schema["allOf"][0], root), **rest}
         else:
             return schema
     return schema if isinstance(schema, dict) else {}
@@ -178,7 +179,7 @@ def unknown_inputs(schema: Mapping[str, Any], document: Any) -> Problems:
     stack: list[tuple[Any, Any, str]] = [(schema, document, "")]
     while stack:
         node_schema, value, prefix = stack.pop()
-        node = _resolve(node_schema, schema)
+        node = resolve_schema(node_schema, schema)
         if not isinstance(value, dict) or node.get("type") not in (None, "object") or _allows_extra(node):
             continue
         props = node.get("properties")
