@@ -24,14 +24,6 @@ from tests.harness.driver import Driver
 from tests.pipelines.test_runs import driven, start
 
 
-@pytest.fixture
-def studio(django_user_model: Any) -> Client:
-    user = django_user_model.objects.create_superuser(username="ada", password="pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def declare_agents(n: int, first: int = 0) -> list[Any]:
     owner = records.record_create_root(kind="graphene.run", name=f"fleet#{first}")
     return [

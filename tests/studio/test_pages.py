@@ -22,14 +22,6 @@ from apps.records.models import Record
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def studio(django_user_model: Any) -> Client:
-    user = django_user_model.objects.create_superuser(username="ada", password="pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def started(n: int, **inputs: Any) -> list[Run]:
     return [services.run_start(pipeline_name="sample.wait", inputs=inputs) for _ in range(n)]
 

@@ -29,14 +29,6 @@ pytestmark = pytest.mark.django_db
 INTERNALS = re.compile(r"\b(lft|rght|tree_id|tree id|Lft|Rght|Tree id|mptt)\b")
 
 
-@pytest.fixture
-def studio(django_user_model: Any) -> Client:
-    user = django_user_model.objects.create_superuser(username="ada", password="pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def run_root(name: str) -> Record:
     return records.record_create_root(kind="graphene.run", name=name)
 
