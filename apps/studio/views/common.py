@@ -7,11 +7,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.admin import AdminSite
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+from apps.core.errors import GrapheneError
+from apps.records import services as records
+from apps.records.models import Record
 
 # A fragment request (htmx, ``HX-Request``) re-renders only the part of a page that changed.
 FRAGMENT_HEADER = "HX-Request"
@@ -30,6 +35,25 @@ def render(
     if fragment is not None and request.headers.get(FRAGMENT_HEADER):
         return TemplateResponse(request, fragment, context)
     return TemplateResponse(request, template, {**site.each_context(request), "title": title, **context})
+
+
+# What "extend" adds, one click: the same choices as graphenectl's `stand extend --by`.
+EXTEND_CHOICES = [("1h", timedelta(hours=1)), ("1d", timedelta(days=1)), ("7d", timedelta(days=7))]
+
+
+def extend_or_release(request: HttpRequest, record: Record, what: str) -> Record:
+    """Release the record's TTL (``release``) or extend it by one of ``EXTEND_CHOICES``: the
+    services the API's ``extend`` and ``release`` call; the outcome is the page's message."""
+    if what == "release":
+        record = records.record_release(record=record, actor=request.user)
+        messages.success(request, f"Released: {record} is kept until someone deletes it or its owner dies.")
+        return record
+    by = dict(EXTEND_CHOICES).get(what)
+    if by is None:
+        raise GrapheneError(f"extend by one of {[label for label, _ in EXTEND_CHOICES]}, not {what!r}")
+    record = records.record_extend(record=record, by=by, actor=request.user)
+    messages.success(request, f"Extended: {record} now expires at {record.expires_at:%Y-%m-%d %H:%M} UTC.")
+    return record
 
 
 def duration(start: datetime | None, end: datetime | None) -> timedelta | None:

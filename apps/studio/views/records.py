@@ -25,8 +25,7 @@ from apps.records import selectors, services
 from apps.records.choices import Phase
 from apps.records.models import Record
 from apps.studio.views.charts import line_chart
-from apps.studio.views.common import render, waterfall
-from apps.studio.views.stands import EXTEND_CHOICES
+from apps.studio.views.common import EXTEND_CHOICES, extend_or_release, render, waterfall
 from kinds import registry
 
 ROOTS_PER_PAGE = 20
@@ -310,17 +309,7 @@ def record_act(request: HttpRequest, *, site: AdminSite, record_id: Any) -> Http
     record = _record(request, record_id)
     what = request.POST.get("do", "")
     try:
-        if what == "release":
-            record = services.record_release(record=record, actor=request.user)
-            messages.success(request, f"Released: {record} lives until it is deleted or its owner dies.")
-        elif what == "stand":
-            record = _hand_over(request, record)
-        else:
-            by = dict(EXTEND_CHOICES).get(what)
-            if by is None:
-                raise GrapheneError(f"extend by one of {[label for label, _ in EXTEND_CHOICES]}, not {what!r}")
-            record = services.record_extend(record=record, by=by, actor=request.user)
-            messages.success(request, f"Extended: {record} now expires at {record.expires_at:%Y-%m-%d %H:%M} UTC.")
+        record = _hand_over(request, record) if what == "stand" else extend_or_release(request, record, what)
     except GrapheneError as exc:
         messages.error(request, exc.detail)
     return _back(site, record)

@@ -12,11 +12,7 @@ from django.utils import timezone
 
 from apps.core.errors import GrapheneError
 from apps.pipelines import selectors
-from apps.records import services as records
-from apps.studio.views.common import render
-
-# What "extend" adds, one click: the same choices as graphenectl's `stand extend --by`.
-EXTEND_CHOICES = [("1h", timedelta(hours=1)), ("1d", timedelta(days=1)), ("7d", timedelta(days=7))]
+from apps.studio.views.common import EXTEND_CHOICES, extend_or_release, render
 
 
 def stand_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
@@ -42,15 +38,7 @@ def _act(request: HttpRequest, site: AdminSite) -> HttpResponse:
     pipeline, record_id, what = request.POST.get("pipeline", ""), request.POST.get("record"), request.POST.get("do")
     try:
         holding = selectors.stand_holding(user=request.user, pipeline=pipeline, record_id=record_id)
-        if what == "release":
-            records.record_release(record=holding, actor=request.user)
-            messages.success(request, f"{holding} is kept until someone deletes it.")
-        else:
-            by = dict(EXTEND_CHOICES).get(what or "")
-            if by is None:
-                raise GrapheneError(f"extend by one of {[label for label, _ in EXTEND_CHOICES]}, not {what!r}")
-            holding = records.record_extend(record=holding, by=by, actor=request.user)
-            messages.success(request, f"{holding} now expires at {holding.expires_at:%Y-%m-%d %H:%M} UTC.")
+        extend_or_release(request, holding, what or "")
     except GrapheneError as exc:
         messages.error(request, exc.detail)
     return HttpResponseRedirect(reverse("admin:studio_stands", current_app=site.name))
