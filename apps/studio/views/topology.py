@@ -43,10 +43,8 @@ def _draw(
     records = record_selectors.record_subtree(record=root, depth=DEPTH) if root is not None else []
     live = [r for r in records[1:] if r.phase != "deleted"][:LIMIT]  # the root is the frame
     on_agents = {str(a) for a in ((r.spec or {}).get("agent") for r in live) if a}
-    names = {
-        str(a.pk): a.name
-        for a in agent_selectors.agent_list(user=request.user, include_deleted=True).filter(pk__in=on_agents)
-    }
+    agents = agent_selectors.agent_list(user=request.user, include_deleted=True).filter(pk__in=on_agents)
+    names = {str(pk): name for pk, name in agents.values_list("pk", "name")}  # no capabilities needed
     boxes, width, height = topology.layout(live, names)
     context = {
         "root": root,
