@@ -235,14 +235,14 @@ def main() -> None:
     with runs_environment(NAME, redis_db=6) as bench:
         try:
             from django.contrib.auth import get_user_model
-            from rest_framework.authtoken.models import Token
 
+            from apps.accounts.services import access_token_issue
             from apps.observability.models import LogLine
 
             web = Web(bench).start()
             agent = AgentProc.declare_and_start(bench, web, name="logs-bench")
             user = get_user_model().objects.create_superuser("bench", password="bench")  # noqa: S106
-            token = Token.objects.create(user=user).key
+            token = access_token_issue(user=user).key
             assert web.proc is not None
             assert agent.proc is not None
             log(f"web on {web.url}, agent {agent.record.pk} ready")

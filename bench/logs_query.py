@@ -109,15 +109,15 @@ def main() -> None:
     with bench_environment("logs_query", redis_db=13):
         from django.contrib.auth import get_user_model
         from django.test import Client
-        from rest_framework.authtoken.models import Token
 
+        from apps.accounts.services import access_token_issue
         from apps.records.models import Record
 
         began = time.monotonic()
         run_ids, record_ids, lines = build(args.lines_per_record)
         log(f"loaded {lines} lines over {len(record_ids)} records in {time.monotonic() - began:.1f}s")
         user = get_user_model().objects.create_superuser("bench", password=None)
-        headers = {"HTTP_AUTHORIZATION": f"Token {Token.objects.create(user=user).key}", "HTTP_HOST": "localhost"}
+        headers = {"HTTP_AUTHORIZATION": f"Token {access_token_issue(user=user).key}", "HTTP_HOST": "localhost"}
         client = Client()
         rng = random.Random(11)
         leaves = list(

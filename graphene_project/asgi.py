@@ -19,7 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from apps.core.websocket_auth import TokenAuthMiddleware  # noqa: E402
+from apps.accounts.websocket_auth import TokenAuthMiddleware  # noqa: E402
 from graphene_project.routing import websocket_urlpatterns  # noqa: E402
 
 # Daphne does not serve static files; the admin's few assets are served by Django's static

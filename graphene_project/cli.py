@@ -4,7 +4,7 @@
     graphene web       the ASGI server (daphne) only
     graphene worker    a Celery worker process
     graphene beat      the Celery beat scheduler
-    graphene token     print a user's API token (creating or rotating it)
+    graphene token     issue an API token for a user (printed once)
     graphene manage    any ``manage.py`` command
 
 Each command checks its settings, database and broker first and exits with status 2 and a
@@ -115,7 +115,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     from django.conf import settings
     from django.core.management import call_command
 
-    from apps.core.services import admin_bootstrap
+    from apps.accounts.services import admin_bootstrap
 
     print(f"graphene: data directory {settings.DATA_DIR}", file=sys.stderr)
     call_command("migrate", interactive=False, verbosity=0)
@@ -132,11 +132,16 @@ def cmd_up(args: argparse.Namespace) -> None:
     if creds.created:
         lines += [
             f"  first start: created user {creds.username!r} with password {creds.password}",
-            f"  API token: {creds.token}",
+            f"  API token: {creds.token} (expires {creds.token_expires_at})",
             f"  (both saved in {creds.path}, mode 0600)",
         ]
     else:
         lines.append(f"  log in as {creds.username!r}; the first start saved its credentials in {creds.path}")
+        if creds.renewed:
+            lines.append(
+                f"  the saved API token no longer authenticated: it now holds a new one "
+                f"(expires {creds.token_expires_at})"
+            )
     lines.append(f"  try: curl -H 'Authorization: Token <token>' {url}/api/v1/records/")
     print("\n".join(lines), flush=True)
     try:
@@ -173,14 +178,29 @@ def cmd_beat(args: argparse.Namespace, extra: Sequence[str]) -> None:
 
 
 def cmd_token(args: argparse.Namespace) -> None:
-    """Print USERNAME's API token alone on stdout (for ``TOKEN=$(graphene token admin)``); what
-    this call changed goes to stderr."""
-    setup_django(need_broker=False)
-    from apps.core.errors import GrapheneError
-    from apps.core.services import api_token_issue
+    """Print a new API token of USERNAME alone on stdout (for ``TOKEN=$(graphene token admin)``);
+    what this call changed goes to stderr."""
+    from graphenectl._errors import UsageError
+    from graphenectl._time import parse_duration
 
     try:
-        issued = api_token_issue(username=args.username, create_user=args.create_user, rotate=args.rotate)
+        expires_in = parse_duration(args.expires_in, option="--expires-in") if args.expires_in else None
+    except UsageError as exc:
+        fail(exc.message)
+    setup_django(need_broker=False)
+    from datetime import timedelta
+
+    from apps.accounts.services import user_token_issue
+    from apps.core.errors import GrapheneError
+
+    try:
+        issued = user_token_issue(
+            username=args.username,
+            create_user=args.create_user,
+            rotate=args.rotate,
+            expires_in=timedelta(seconds=expires_in) if expires_in else None,
+            comment=args.comment,
+        )
     except GrapheneError as exc:
         fail(exc.detail)
     if args.output == "json":
@@ -190,10 +210,12 @@ def cmd_token(args: argparse.Namespace) -> None:
     notes = []
     if issued.created_user:
         notes.append(f"created user {issued.username!r} (API only: no password, not staff)")
-    if issued.rotated:
-        notes.append(f"replaced {issued.username!r}'s token: the previous one no longer authenticates")
-    elif issued.created_token:
-        notes.append(f"created a token for {issued.username!r}")
+    notes.append(
+        f"issued a token for {issued.username!r} (id {issued.id}), valid until {issued.expires_at}: "
+        "it is shown only now"
+    )
+    if issued.revoked:
+        notes.append(f"revoked {issued.username!r}'s {issued.revoked} earlier token(s): they no longer authenticate")
     for note in notes:
         print(f"graphene: {note}", file=sys.stderr)
 
@@ -231,10 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     beat.add_argument("--loglevel", default="INFO")
     token = sub.add_parser(
         "token",
-        help="print a user's API token (the same one each time unless --rotate)",
-        description="Print USERNAME's API token for the REST API, graphenectl and the SDK "
-        "('Authorization: Token <token>'). Each user has one token: it is created on first use and "
-        "printed again unchanged afterwards, unless --rotate replaces it. Needs the database only.",
+        help="issue a new API token for a user and print it (once)",
+        description="Issue a new API token for USERNAME and print it alone on stdout, for the REST API, "
+        "graphenectl and the SDK ('Authorization: Token <token>'). Each call issues another token: only its "
+        "digest is stored, so no token can be shown again. Tokens expire (default GRAPHENE_USER_TOKEN_TTL_DAYS "
+        "days); --rotate also revokes the user's earlier tokens. Needs the database only.",
     )
     token.add_argument("username", metavar="USERNAME")
     token.add_argument(
@@ -243,8 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="create USERNAME if missing, as an API-only account (no password, not staff)",
     )
     token.add_argument(
-        "--rotate", action="store_true", help="replace the token with a new one; the old one stops working"
+        "--rotate", action="store_true", help="also revoke the user's earlier tokens: they stop working at once"
     )
+    token.add_argument(
+        "--expires-in",
+        metavar="DURATION",
+        help="how long it is valid: 90d, 12h, 30m (default GRAPHENE_USER_TOKEN_TTL_DAYS days; "
+        "at most GRAPHENE_TOKEN_MAX_TTL_DAYS)",
+    )
+    token.add_argument("--comment", default="", help="what it is for (shown in token lists)")
     token.add_argument(
         "-o", "--output", choices=["text", "json"], default="text", help="text: the token alone (default); json"
     )

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from tests.factories import api_token
 from tests.harness.browser import chromium_driver
 from tests.harness.driver import Driver
 from tests.harness.embedded import Ctl, Server
@@ -260,8 +260,7 @@ def user(django_user_model: Any) -> Any:
 @pytest.fixture
 def api(user: Any) -> APIClient:
     client = APIClient()
-    token = Token.objects.create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user)}")
     return client
 
 

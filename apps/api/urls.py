@@ -3,6 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from apps.accounts.api.views import OwnTokenViewSet, ServiceAccountViewSet
 from apps.agents.api.views import AgentViewSet
 from apps.api.views import WhoAmI
 from apps.artifacts.api.views import ArtifactViewSet
@@ -21,5 +22,7 @@ router.register("stands", StandViewSet, basename="stand")
 router.register("agents", AgentViewSet, basename="agent")
 router.register("secrets", SecretViewSet, basename="secret")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
+router.register("accounts", ServiceAccountViewSet, basename="account")
+router.register("tokens", OwnTokenViewSet, basename="token")
 
 urlpatterns = [path("whoami/", WhoAmI.as_view(), name="whoami"), *router.urls]

@@ -21,14 +21,19 @@ class WhoAmI(APIView):
                 "username": serializers.CharField(),
                 "is_staff": serializers.BooleanField(),
                 "server_version": serializers.CharField(),
+                "token_expires_at": serializers.DateTimeField(
+                    allow_null=True, help_text="when the token in use expires (null for a Studio session)"
+                ),
             },
         )
     )
     def get(self, request: Request) -> Response:
+        expires_at = getattr(request.auth, "expires_at", None)  # an AccessToken (apps/accounts), or a session
         return Response(
             {
                 "username": request.user.get_username(),
                 "is_staff": bool(getattr(request.user, "is_staff", False)),
                 "server_version": graphene_project.__version__,
+                "token_expires_at": serializers.DateTimeField().to_representation(expires_at) if expires_at else None,
             }
         )

@@ -176,3 +176,13 @@ def check_inputs(model: type[M], inputs: Any, *, name: str, path: str = "inputs"
             fields.setdefault(where, []).append(error["msg"])
         summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in fields.items())
         raise ValidationFailed(f"inputs do not match {name}'s schema: {summary}", fields=fields) from None
+
+
+def check_dns_label(value: Any, *, field: str) -> str:
+    """``value`` if it is a DNS label (a namespace's or a service account's name, by the SDK's
+    rule); else ``ValidationFailed`` naming ``field`` (``name``, ``?namespace``)."""
+    problem = rules.dns_label_problem(value)
+    if problem is not None:
+        raise ValidationFailed(f"{field}: {problem}", fields={field: [problem]})
+    assert isinstance(value, str)
+    return value

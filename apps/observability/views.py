@@ -1,8 +1,9 @@
 """``/metrics``: the Prometheus exposition of the control plane (see ``metrics.py``).
 
 Protected by default: Prometheus sends ``Authorization: Bearer <token>`` (its
-``authorization``/``bearer_token_file`` settings); a Graphene API token is accepted there
-(``Token <key>`` too, as the REST API takes it), or the dedicated ``GRAPHENE_METRICS_TOKEN``.
+``authorization``/``bearer_token_file`` settings); a Graphene API token that authenticates (not
+expired or revoked; a service account's suits a scraper) is accepted there (``Token <key>`` too,
+as the REST API takes it), or the dedicated ``GRAPHENE_METRICS_TOKEN``.
 ``GRAPHENE_METRICS_PUBLIC=true`` opens it (a scraper on a private network).
 """
 
@@ -14,8 +15,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client.exposition import choose_encoder
-from rest_framework.authtoken.models import Token
 
+from apps.accounts import services as accounts
 from apps.observability import metrics
 
 
@@ -32,7 +33,11 @@ def _authorized(request: HttpRequest) -> bool:
     expected = settings.GRAPHENE_METRICS_TOKEN
     if expected and hmac.compare_digest(credential.encode(), expected.encode()):
         return True
-    return Token.objects.filter(key=credential, user__is_active=True).exists()
+    try:
+        accounts.access_token_authenticate(key=credential)
+    except accounts.TokenRefused:
+        return False
+    return True
 
 
 @require_GET

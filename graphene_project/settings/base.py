@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from celery.schedules import schedule
+from django.core.exceptions import ImproperlyConfigured
 
 from graphene_project import process
 from graphene_project.settings.env import check_broker_url, check_redis_url, database_from_url, env, pool_options
@@ -57,12 +58,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files for /api/docs/ (no CDN)
     "mptt",
     "channels",
     "apps.core",
+    "apps.accounts",
     "apps.records",
     "apps.pipelines",
     "apps.observability",
@@ -235,7 +236,8 @@ else:
 # --- REST API ----------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # API tokens (apps/accounts): hashed at rest, expiring, revocable; Token or Bearer.
+        "apps.accounts.authentication.AccessTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -262,7 +264,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "COMPONENT_SPLIT_REQUEST": True,
     # One name for a choice set used by several fields (a run's status, and a status event's from/to).
-    "ENUM_NAME_OVERRIDES": {"RunStatusEnum": "apps.pipelines.choices.RunStatus"},
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "apps.pipelines.choices.RunStatus",
+        "TokenStatusEnum": "apps.accounts.choices.TokenStatus",
+    },
     # Every operation declares its error answers in the API's one shape (apps/api/schema.py).
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
@@ -374,6 +379,28 @@ GRAPHENE_AGENT_PYZ = Path(env.string("GRAPHENE_AGENT_PYZ", str(DATA_DIR / "agent
 GRAPHENE_AGENT_SSH_TIMEOUT_SECONDS = env.integer("GRAPHENE_AGENT_SSH_TIMEOUT_SECONDS", 20)
 GRAPHENE_AGENT_SSH_ATTEMPTS = env.integer("GRAPHENE_AGENT_SSH_ATTEMPTS", 5)
 GRAPHENE_AGENT_SSH_CONNECT_TIMEOUT_SECONDS = env.integer("GRAPHENE_AGENT_SSH_CONNECT_TIMEOUT_SECONDS", 300)
+
+# --- Accounts and API tokens (apps.accounts) ------------------------------------------------
+# Every API token expires: a token that never expires is the leaked credential that works
+# forever. The longest lifetime anyone may give a token, in days.
+GRAPHENE_TOKEN_MAX_TTL_DAYS = env.integer("GRAPHENE_TOKEN_MAX_TTL_DAYS", 365)
+
+
+def _token_ttl_days(name: str, default: int) -> int:
+    days = env.integer(name, default)
+    if not 1 <= days <= GRAPHENE_TOKEN_MAX_TTL_DAYS:
+        raise ImproperlyConfigured(
+            f"{name}={days} must be between 1 and GRAPHENE_TOKEN_MAX_TTL_DAYS ({GRAPHENE_TOKEN_MAX_TTL_DAYS})"
+        )
+    return days
+
+
+# A user's token (`graphene token`, `graphenectl token create` without --expires-in, the first
+# admin's) lives this long: 90 days, so that a token left in a laptop's graphenectl config or a
+# CI variable dies within a quarter, while its owner renews it four times a year, not weekly.
+GRAPHENE_USER_TOKEN_TTL_DAYS = _token_ttl_days("GRAPHENE_USER_TOKEN_TTL_DAYS", 90)
+# A service account's token without an explicit --expires-in: the same quarter.
+GRAPHENE_SERVICE_ACCOUNT_TOKEN_TTL_DAYS = _token_ttl_days("GRAPHENE_SERVICE_ACCOUNT_TOKEN_TTL_DAYS", 90)
 
 # --- Secrets (apps.secrets) -------------------------------------------------------------------
 # Keys of the secret store's encryption at rest, comma-separated, newest first (the first

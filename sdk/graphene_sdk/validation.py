@@ -34,8 +34,11 @@ if TYPE_CHECKING:  # pydantic is imported by the functions that need it: the Cli
     from pydantic import BaseModel, ValidationError
 
 __all__ = [
+    "DNS_LABEL",
+    "DNS_LABEL_RULE",
     "MAX_DEPTH",
     "Problems",
+    "dns_label_problem",
     "json_problems",
     "resolve_schema",
     "schema_problems",
@@ -58,6 +61,11 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 _OPEN = frozenset(b"[{")
 
+# A name that is also a DNS label (RFC 1123, as Kubernetes names namespaces and service
+# accounts): it can go into a host name, a label value, a file name or a URL as it is.
+DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+DNS_LABEL_RULE = "1-63 lowercase letters, digits or '-', starting and ending with a letter or digit"
+
 
 def text_problem(text: str) -> str | None:
     """Why ``text`` cannot be stored as text, or None."""
@@ -69,6 +77,16 @@ def text_problem(text: str) -> str | None:
             f"contains a lone surrogate (\\u{ord(found.group()):04x}), which is not Unicode text: "
             "send UTF-8 text (encode binary data, e.g. base64)"
         )
+    return None
+
+
+def dns_label_problem(name: object) -> str | None:
+    """Why ``name`` is not a DNS label (a namespace's or a service account's name), or None."""
+    if not isinstance(name, str):
+        return f"must be a string, not {type(name).__name__}"
+    if not DNS_LABEL.fullmatch(name):
+        shown = json.dumps(name[:70])  # escaped as JSON writes it: a NUL shows as \u0000
+        return f"{shown} is not a valid name: {DNS_LABEL_RULE}"
     return None
 
 

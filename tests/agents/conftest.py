@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
-from rest_framework.authtoken.models import Token
 
 from apps.agents import services
 from apps.agents.models import AgentCommand
 from apps.records.models import Record
 from tests.agents.sshd import SSHServer
+from tests.factories import api_token
 from tests.harness.agents import AgentProcess
 from tests.harness.wait import wait_for
 from tests.harness.web import WebServer
@@ -82,7 +82,7 @@ def operator(django_user_model: Any) -> str:
     """An API token of a user allowed to run commands on agents."""
     user = django_user_model.objects.create_user(username="operator", password="pw")
     user.user_permissions.add(Permission.objects.get(codename="add_agentcommand", content_type__app_label="agents"))
-    return Token.objects.create(user=user).key
+    return api_token(user)
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
-from rest_framework.authtoken.models import Token
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
@@ -29,6 +28,7 @@ from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
+from tests.factories import api_token
 from tests.harness.agents import AgentProcess
 from tests.harness.embedded import graphenectl_argv
 from tests.harness.web import WebServer
@@ -42,7 +42,7 @@ Agents = Callable[..., tuple[Record, AgentProcess]]
 def admin_token(django_user_model: Any) -> str:
     """A superuser: has agents.open_terminal implicitly."""
     user = django_user_model.objects.create_superuser(username="root", password="pw")
-    return Token.objects.create(user=user).key
+    return api_token(user)
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def terminal_token(django_user_model: Any) -> str:
     """A plain user granted agents.open_terminal."""
     user = django_user_model.objects.create_user(username="ops", password="pw")
     user.user_permissions.add(Permission.objects.get(codename="open_terminal", content_type__app_label="agents"))
-    return Token.objects.create(user=user).key
+    return api_token(user)
 
 
 class Terminal:

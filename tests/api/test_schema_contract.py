@@ -25,12 +25,12 @@ import pytest
 import schemathesis
 from django.contrib.auth import get_user_model
 from hypothesis import HealthCheck, Phase, given
-from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.result import Ok
 
 from tests.conftest import Worker
+from tests.factories import api_token
 from tests.harness.net import fetch
 from tests.harness.web import WebServer
 
@@ -85,7 +85,7 @@ def _config() -> SchemathesisConfig:
 def token(transactional_db: None) -> str:
     """A superuser's token: permissions refuse nothing, so that every operation is reached."""
     user = get_user_model().objects.create_superuser(username="contract", password="pw")
-    return str(Token.objects.create(user=user).key)
+    return api_token(user)
 
 
 def _failure(exc: BaseException) -> str:

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import yaml
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
 from apps.agents.models import AgentToken
 from apps.observability.models import LogLine
@@ -29,6 +28,7 @@ from apps.pipelines.models import Run
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
 from tests.conftest import Worker, wait_for
+from tests.factories import api_token
 from tests.harness.embedded import Ctl, Result, graphenectl_argv
 from tests.harness.processes import WITH_DEFAULT_SIGINT
 from tests.harness.web import WebServer
@@ -41,7 +41,7 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 @pytest.fixture
 def admin_token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_superuser(username="root", password="pw")
-    return str(Token.objects.create(user=user).key)
+    return api_token(user)
 
 
 @pytest.fixture
@@ -335,7 +335,7 @@ def test_agent_create_prints_install_data_that_enrolls_the_machine(
     assert ctl("agent", "create", "x", "-l", "oops").code == 2
     assert ctl("agent", "create", "x", "--owner", str(uuid.uuid4())).code == 3
     plain = django_user_model.objects.create_user(username="plain", password="pw")
-    refused = ctl("agent", "create", "x", env={"GRAPHENE_TOKEN": Token.objects.create(user=plain).key})
+    refused = ctl("agent", "create", "x", env={"GRAPHENE_TOKEN": api_token(plain)})
     assert refused.code == 1
     assert "agents.add_agent" in refused.err
     assert not Record.objects.filter(kind="agent", name="x").exists()

@@ -20,7 +20,6 @@ from graphenectl import _inputs
 from graphenectl._cmd_run import check_inputs
 from graphenectl._errors import UsageError
 from pydantic import BaseModel, Field
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from apps.pipelines.models import Run
@@ -28,6 +27,7 @@ from apps.records.models import Record
 from graphene_project.routing import websocket_urlpatterns
 from tests import factories
 from tests.conftest import WithUser
+from tests.factories import api_token
 from tests.harness.net import opener
 from tests.harness.web import WebServer
 
@@ -210,7 +210,7 @@ def test_the_real_server_answers_every_kind_of_error_in_the_json_shape(web: WebS
     """Through daphne, the middleware and Django: a 50 MB body is a JSON 413 (not Django's
     HTML 400), ``%00`` in a path a JSON 400 (not an HTML CSRF 403), an unknown path a JSON 404
     (not a redirect to the Studio's login), deep JSON a 400 (not a RecursionError's 500)."""
-    token = Token.objects.create(user=user).key
+    token = api_token(user)
     cases = [
         ("POST", START, b"{" + b" " * (50 * 1024 * 1024) + b"}", "application/json", 413),
         ("POST", "/api/v1/pipelines/sample%00tree/runs/", b"{}", "application/json", 400),

@@ -36,7 +36,6 @@ from graphenectl._errors import UsageError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
-from rest_framework.authtoken.models import Token
 
 from apps.agents import services as agents
 from apps.agents.models import AgentCommand
@@ -49,6 +48,7 @@ from apps.records import services as records
 from apps.records.models import Event, Record
 from apps.secrets import services as secrets
 from apps.secrets.models import Secret
+from tests.factories import api_token
 from tests.harness.net import opener
 from tests.harness.processes import purge_queue
 from tests.harness.web import WebServer
@@ -468,7 +468,7 @@ def world(web: WebServer, django_user_model: Any) -> Iterator[dict[str, str]]:
     command = agents.command_submit(agent=agent, kind="exec", payload={"argv": ["true"]})
     secrets.secret_create(name="doors", value="v")
     yield {
-        "token": Token.objects.create(user=user).key,
+        "token": api_token(user),
         "stand": str(stand.pk),
         "other": str(other.pk),
         "holding": str(holding.pk),

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from apps.agents import services as agents
@@ -19,6 +18,7 @@ from apps.observability.models import MetricPoint, Span
 from apps.observability.services import Sample, metric_write, metric_write_many, observability_purge
 from apps.records import services as records
 from apps.records.models import Record
+from tests.factories import api_token
 
 pytestmark = pytest.mark.django_db
 
@@ -39,13 +39,13 @@ def sample_value(families: dict[str, Any], family: str, name: str, **labels: str
     return None
 
 
-def bearer(token: Token) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token.key}"}
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture
-def token(user: Any) -> Token:
-    return Token.objects.create(user=user)
+def token(user: Any) -> str:
+    return api_token(user)
 
 
 def stand(name: str = "obs") -> Record:
@@ -55,7 +55,7 @@ def stand(name: str = "obs") -> Record:
 # --- /metrics -------------------------------------------------------------------------------
 
 
-def test_metrics_count_records_by_kind_and_phase(token: Token) -> None:
+def test_metrics_count_records_by_kind_and_phase(token: str) -> None:
     client = Client()
     before = scrape(client, bearer(token))
     pending_before = sample_value(before, "graphene_records", "graphene_records", kind="test.sleep", phase="pending")
@@ -86,17 +86,17 @@ def test_metrics_count_records_by_kind_and_phase(token: Token) -> None:
     assert after["graphene_queue_depth"].samples
 
 
-def test_metrics_refuse_a_scraper_without_a_valid_token(token: Token, settings: Any) -> None:
+def test_metrics_refuse_a_scraper_without_a_valid_token(user: Any, token: str, settings: Any) -> None:
     client = Client()
     refused = client.get("/metrics")
     assert refused.status_code == 401
     assert refused["WWW-Authenticate"].startswith("Bearer")
     assert client.get("/metrics", headers={"Authorization": "Bearer not-a-token"}).status_code == 401
-    assert client.get("/metrics", headers={"Authorization": f"Basic {token.key}"}).status_code == 401
-    assert client.get("/metrics", headers={"Authorization": f"Token {token.key}"}).status_code == 200
+    assert client.get("/metrics", headers={"Authorization": f"Basic {token}"}).status_code == 401
+    assert client.get("/metrics", headers={"Authorization": f"Token {token}"}).status_code == 200
     # A deactivated user's token no longer scrapes.
-    token.user.is_active = False
-    token.user.save()
+    user.is_active = False
+    user.save()
     assert client.get("/metrics", headers=bearer(token)).status_code == 401
     # The dedicated scrape token, and the switch that opens /metrics.
     settings.GRAPHENE_METRICS_TOKEN = "scrape-secret-0123456789"
@@ -107,7 +107,7 @@ def test_metrics_refuse_a_scraper_without_a_valid_token(token: Token, settings: 
     assert client.post("/metrics").status_code == 405
 
 
-def test_histograms_add_up_what_processes_observed(token: Token, settings: Any) -> None:
+def test_histograms_add_up_what_processes_observed(token: str, settings: Any) -> None:
     # This process's background flush is off, so the flushes below are the only ones; a kind
     # of its own keeps this test's totals apart from what other tests observed.
     settings.GRAPHENE_METRICS_FLUSH_SECONDS = 0

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from rest_framework.authtoken.models import Token
 
 from apps.observability.tracing import run_span_id
 from apps.pipelines import services
@@ -17,6 +16,7 @@ from apps.pipelines.models import Run
 from apps.records.choices import Phase
 from apps.records.models import Record
 from tests.conftest import Worker, wait_for
+from tests.factories import api_token
 from tests.harness.net import fetch
 from tests.harness.web import WebServer
 from tests.observability.conftest import graphenectl
@@ -67,7 +67,7 @@ def test_a_run_leaves_a_trace_step_metrics_and_control_plane_metrics(
 ) -> None:
     fast_flush_worker()
     fast_flush_worker()
-    token = Token.objects.create(user=user).key
+    token = api_token(user)
     run = services.run_start(
         pipeline_name="sample.tree", inputs={"branches": 2, "leaves": 1, "create_ms": 300, "step_ms": 50}
     )

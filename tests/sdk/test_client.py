@@ -22,10 +22,10 @@ from graphene_sdk import (
     RunInfo,
     StandSummary,
 )
-from rest_framework.authtoken.models import Token
 
 from apps.observability.models import LogLine as StoredLine
 from tests.conftest import wait_for
+from tests.factories import api_token
 from tests.harness.web import WebServer
 from tests.pipelines.sample import ChatterInputs, ChatterOutput, chatter
 
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="sdk", password="pw")
-    return str(Token.objects.create(user=user).key)
+    return api_token(user)
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from apps.secrets.models import Secret
 from apps.secrets.services import MAX_VALUE_BYTES, secret_resolve
+from tests.factories import api_token
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +23,7 @@ def keeper(django_user_model: Any) -> APIClient:
     user = django_user_model.objects.create_user(username="keeper", password="pw")
     user.user_permissions.add(*Permission.objects.filter(content_type__app_label="secrets"))
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user)}")
     return client
 
 

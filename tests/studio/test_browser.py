@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rest_framework.authtoken.models import Token
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from apps.pipelines import services
 from apps.pipelines.models import Run
 from apps.records.models import Record
+from tests.factories import api_token
 from tests.harness.browser import PASSWORD, Browser
 from tests.harness.processes import Worker
 from tests.harness.wait import wait_for
@@ -76,7 +76,7 @@ def test_the_home_page_counts_agree_with_the_api(
     studio.log_in("ada", "/")
     suspended = '[data-count="runs-suspended"] .count'
     studio.wait(lambda: studio.texts(suspended) == ["2"], "for the home page to count both")
-    token = Token.objects.create(user=django_user_model.objects.get(username="ada")).key
+    token = api_token(django_user_model.objects.get(username="ada"))
     status, body = web.get("runs/", token, status="suspended")
     assert status == 200
     assert len(body["results"]) == int(studio.texts(suspended)[0])
