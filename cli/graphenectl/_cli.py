@@ -9,6 +9,7 @@ import typer.core
 import typer.main
 
 from graphenectl import __version__
+from graphenectl._cmd_account import account_app, token_app
 from graphenectl._cmd_agent import agent_app
 from graphenectl._cmd_artifact import artifact_app
 from graphenectl._cmd_auth import ctx_app, login, whoami
@@ -25,7 +26,8 @@ Log in once with `graphenectl login --server URL --token-stdin`, then look with 
 `tree`, `events`, `logs`, `metrics` and `trace`; change records with `apply`, `delete`, `transfer`, \
 `extend` and `release`; \
 drive runs with `run start|watch|result|cancel|resume|list`; move files with `artifact get|put`; \
-enroll a machine with `agent create` and open a terminal on it with `agent shell`.
+enroll a machine with `agent create` and open a terminal on it with `agent shell`; manage your API \
+tokens with `token list|create|revoke` and service accounts with `account create|token|revoke|list`.
 
 Data goes to stdout (-o table|wide|json|yaml|name); progress and hints go to stderr.
 
@@ -71,6 +73,7 @@ LOOK = "Look"
 CHANGE = "Change records"
 RUNS = "Runs and stands"
 MACHINES = "Machines"
+ACCESS = "Access"
 
 app.command(rich_help_panel=SESSION)(login)
 app.command(rich_help_panel=SESSION)(whoami)
@@ -91,6 +94,8 @@ app.add_typer(run_app, rich_help_panel=RUNS)
 app.add_typer(stand_app, rich_help_panel=RUNS)
 app.add_typer(artifact_app, rich_help_panel=RUNS)
 app.add_typer(agent_app, rich_help_panel=MACHINES)
+app.add_typer(token_app, rich_help_panel=ACCESS)
+app.add_typer(account_app, rich_help_panel=ACCESS)
 
 
 # How an option's value reads in --help, as click names it (typer would print Python types).

@@ -72,7 +72,13 @@ class _ExpiresIn(StrictInteger):
     """Seconds, a JSON integer, 1 to ``GRAPHENE_TOKEN_MAX_TTL_DAYS`` days (read when the schema is made)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(min_value=1, max_value=max_expires_in_seconds(), **kwargs)
+        days = int(settings.GRAPHENE_TOKEN_MAX_TTL_DAYS)
+        messages: dict[str, Any] = {
+            "max_value": f"at most {{max_value}} seconds ({days} days, GRAPHENE_TOKEN_MAX_TTL_DAYS): "
+            "every token expires",
+            "min_value": "at least {min_value} second",
+        }
+        super().__init__(min_value=1, max_value=max_expires_in_seconds(), error_messages=messages, **kwargs)
 
 
 class ServiceAccountCreateInput(_Strict):

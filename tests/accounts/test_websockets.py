@@ -1,0 +1,131 @@
+"""Websockets opened with a token, against the real web server (daphne, the Redis channel layer):
+a token that does not authenticate is refused with its reason; a token revoked, expired or
+whose service account is deleted while its sockets are open closes them at once (4401, after a
+message saying why), and leaves the sockets of other tokens alone."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
+
+from apps.accounts import services
+from apps.accounts.models import AccessToken
+from apps.core.events import publish_on_commit
+from tests.factories import api_token
+from tests.harness.net import http
+from tests.harness.web import WebServer
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+# Well under the watcher's look at the token's row (RECHECK_SECONDS, 60): a close within this is
+# the revocation message's doing, or the expiry timer's.
+PROMPTLY = 15.0
+
+
+def open_socket(web: WebServer, token: str, path: str = "ws/runs/") -> ClientConnection:
+    return connect(
+        f"{web.url.replace('http://', 'ws://')}/{path}",
+        origin=Origin(web.url),
+        proxy=None,
+        additional_headers={"Authorization": f"Token {token}"},
+        open_timeout=30,
+    )
+
+
+def ending(ws: ClientConnection, timeout: float = PROMPTLY) -> tuple[dict[str, Any] | None, int | None, float]:
+    """The error message the server sends before it closes, its close code, and how long it took."""
+    began = time.monotonic()
+    deadline = began + timeout
+    error = None
+    try:
+        while True:
+            message = json.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+            if message.get("type") == "error":
+                error = message
+    except ConnectionClosed:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"the socket stayed open {timeout}s") from None
+    return error, ws.close_code, time.monotonic() - began
+
+
+def still_open(ws: ClientConnection, group: str = "runs") -> bool:
+    """A hint sent to the socket's group reaches it: it is open and served."""
+    publish_on_commit(group, {"event": "run.updated", "id": "probe"})
+    return bool(json.loads(ws.recv(timeout=PROMPTLY))["id"] == "probe")
+
+
+@pytest.fixture
+def alice(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(username="alice", password="pw")
+
+
+def test_a_token_that_does_not_authenticate_is_refused_with_its_reason(web: WebServer, alice: Any) -> None:
+    expired = api_token(alice)
+    AccessToken.objects.filter(user=alice).update(expires_at=timezone.now() - timedelta(seconds=1))
+    error, code, _ = ending(open_socket(web, expired))
+    assert code == 4401
+    assert error is not None
+    assert error["reason"] == "token_expired"
+    assert "expired at" in error["error"]
+    assert "graphene token alice" in error["error"]
+
+    error, code, _ = ending(open_socket(web, "grt_" + "n" * 43, "ws/records/"))
+    assert code == 4401
+    assert error is not None
+    assert "not known to this server" in error["error"]
+
+
+def test_revoking_a_token_closes_the_websockets_it_opened_at_once(web: WebServer, alice: Any) -> None:
+    doomed, other = api_token(alice, comment="doomed"), api_token(alice, comment="other")
+    runs = open_socket(web, doomed)
+    records = open_socket(web, doomed, "ws/records/")
+    kept = open_socket(web, other)
+    assert still_open(runs)
+    assert still_open(records, "records")
+
+    # Revoked over REST, with the other token: the web server tells the sockets of this one.
+    token_id = str(AccessToken.objects.get(user=alice, comment="doomed").pk)
+    status, body = http("DELETE", f"{web.url}/api/v1/tokens/{token_id}/", token=other)
+    assert status == 200, body
+    for ws in (runs, records):
+        error, code, took = ending(ws)
+        assert code == 4401
+        assert error is not None
+        assert error["reason"] == "token_revoked"
+        assert "was revoked at" in error["error"]
+        assert took < PROMPTLY
+        print(f"closed {took:.3f}s after the revocation answered")
+    assert still_open(kept)  # another token's socket stays
+    kept.close()
+
+
+def test_deleting_a_service_account_closes_its_websockets(web: WebServer, alice: Any) -> None:
+    account = services.service_account_create(name="watcher")
+    key = services.service_account_token_issue(account=account).key
+    ws = open_socket(web, key)
+    assert still_open(ws)
+    services.service_account_delete(account=account)  # from this process, through Redis
+    error, code, _ = ending(ws)
+    assert code == 4401
+    assert error is not None
+    assert "the service account was deleted" in error["error"]
+
+
+def test_a_token_that_expires_while_connected_closes_its_websocket(web: WebServer, alice: Any) -> None:
+    key = api_token(alice, expires_in=timedelta(seconds=3))
+    ws = open_socket(web, key)
+    assert still_open(ws)
+    error, code, _ = ending(ws)
+    assert code == 4401
+    assert error is not None
+    assert error["reason"] == "token_expired"
+    assert AccessToken.objects.get(user=alice).expires_at <= timezone.now()
