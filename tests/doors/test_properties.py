@@ -7,8 +7,9 @@ body that is not JSON at all, a value of the wrong type where the type is strict
 id in the path, a query parameter PostgreSQL cannot store. Against the real server (daphne, the
 middleware, Django, DRF), each answer must be a 4xx, never a 5xx, in the API's JSON error
 shape; and nothing may change: the counts of runs, records, events, run events, journal entries,
-commands, secrets and log lines, and the newest change of a record, run or secret, are the same
-after every request as before it.
+commands, secrets, log lines, service accounts and tokens (and of revoked tokens and deleted
+accounts), and the newest change of a record, run or secret, are the same after every request as
+before it.
 
 graphenectl's input parsing gets the same treatment in-process: hostile ``--input`` pairs and
 ``--inputs`` documents never raise anything but its usage error, and what it accepts the server
@@ -37,6 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from apps.accounts import services as accounts
+from apps.accounts.models import AccessToken, ServiceAccount
 from apps.agents import services as agents
 from apps.agents.models import AgentCommand
 from apps.api.params import MAX_SECONDS
@@ -173,6 +176,19 @@ def accepted_int(text: str, lo: int, hi: int) -> bool:
 
 
 not_strings = st.integers() | st.booleans() | st.none() | st.floats(allow_nan=False) | st.lists(st.text(), max_size=2)
+# Not a DNS label (a service account's or a namespace's name): empty, upper case, a dot, too long.
+bad_names = st.text(max_size=70).filter(lambda t: not rules.DNS_LABEL.fullmatch(t))
+# Refused as a token's lifetime (1 second to GRAPHENE_TOKEN_MAX_TTL_DAYS, a JSON integer).
+bad_lifetimes = (
+    st.integers(max_value=0)
+    | st.integers(min_value=365 * 86400 + 1)
+    | st.floats()
+    | st.booleans()
+    | st.none()
+    | st.text(max_size=6)
+    | st.lists(st.integers(), max_size=2)
+)
+long_comments = st.text(st.characters(categories=["L"]), min_size=201, max_size=260)
 
 
 # --- the doors -------------------------------------------------------------------------------------
@@ -184,7 +200,7 @@ class Door:
 
     name: str
     method: str
-    path: str  # ``{run}``, ``{record}``, ``{stand}``, ``{holding}``, ``{agent}``, ``{command}`` filled in
+    path: str  # placeholders of the world (``{run}``, ``{record}``, ``{sa_token}``...) filled in
     body: dict[str, Any] | None  # a body it would accept (None: it takes none)
     strict: dict[str, st.SearchStrategy[Any]] = field(default_factory=dict)  # field path → refused values
     path_ids: tuple[str, ...] = ()  # placeholders a malformed id may replace
@@ -319,6 +335,61 @@ DOORS = [
         raw_upload=True,
     ),
     Door("orphan sweep", "POST", "/api/v1/orphans/sweep/", None, query={"dry_run": "false"}),
+    Door(
+        "service account create",
+        "POST",
+        "/api/v1/accounts/",
+        {"name": "doors-new", "description": "d"},
+        strict={
+            "name": not_strings | bad_names,
+            "description": not_strings | st.text(st.characters(categories=["L"]), min_size=501, max_size=600),
+            "nmae": json_values,
+        },
+        query={"namespace": "doors"},
+        strict_query={"namespace": bad_names},
+    ),
+    Door(
+        "service account delete",
+        "DELETE",
+        "/api/v1/accounts/doors-sa/",
+        None,
+        query={"namespace": "doors"},
+        strict_query={"namespace": bad_names},
+    ),
+    Door(
+        "service account token create",
+        "POST",
+        "/api/v1/accounts/doors-sa/tokens/",
+        {"expires_in_seconds": 3600, "comment": "c"},
+        strict={"expires_in_seconds": bad_lifetimes, "comment": not_strings | long_comments, "expires_in": json_values},
+        query={"namespace": "doors"},
+        strict_query={"namespace": bad_names},
+    ),
+    Door(
+        "service account tokens revoke",
+        "DELETE",
+        "/api/v1/accounts/doors-sa/tokens/",
+        None,
+        query={"namespace": "doors"},
+        strict_query={"namespace": bad_names},
+    ),
+    Door(
+        "service account token revoke",
+        "DELETE",
+        "/api/v1/accounts/doors-sa/tokens/{sa_token}/",
+        None,
+        path_ids=("sa_token",),
+        query={"namespace": "doors"},
+        strict_query={"namespace": bad_names},
+    ),
+    Door(
+        "own token create",
+        "POST",
+        "/api/v1/tokens/",
+        {"expires_in_seconds": 3600, "comment": "c"},
+        strict={"expires_in_seconds": bad_lifetimes, "comment": not_strings | long_comments, "coment": json_values},
+    ),
+    Door("own token revoke", "DELETE", "/api/v1/tokens/{own_token}/", None, path_ids=("own_token",)),
 ]
 
 
@@ -427,14 +498,20 @@ def _objects(base: Any, prefix: str = "") -> list[str]:
 # --- the world the doors act on ----------------------------------------------------------------------
 
 
-WATCHED = (Run, Record, Event, RunEvent, JournalEntry, AgentCommand, Secret, LogLine)
+WATCHED = (Run, Record, Event, RunEvent, JournalEntry, AgentCommand, Secret, LogLine, ServiceAccount, AccessToken)
 CHANGING = (Record, Run, Secret)
+# Changes that add no row: a revoked token, a deleted (disabled) service account.
+STATES = {
+    "AccessToken revoked": "SELECT count(*) FROM accounts_accesstoken WHERE revoked_at IS NOT NULL",
+    "ServiceAccount disabled": "SELECT count(*) FROM accounts_serviceaccount WHERE disabled_at IS NOT NULL",
+}
 
 
 def _snapshot_query() -> sql.Composed:
     """One query (a round trip per example, not twelve), composed from the models' tables."""
     parts = [sql.SQL("(SELECT count(*) FROM {})").format(sql.Identifier(m._meta.db_table)) for m in WATCHED]
     parts += [sql.SQL("(SELECT max(updated_at) FROM {})").format(sql.Identifier(m._meta.db_table)) for m in CHANGING]
+    parts += [sql.SQL("({})").format(sql.SQL(query)) for query in STATES.values()]
     parts.append(
         sql.SQL("(SELECT string_agg(phase || ':' || n, ',' ORDER BY phase) FROM ({}) p)").format(
             sql.SQL("SELECT phase, count(*) AS n FROM {} GROUP BY phase").format(sql.Identifier(Record._meta.db_table))
@@ -445,12 +522,13 @@ def _snapshot_query() -> sql.Composed:
 
 def snapshot() -> dict[str, Any]:
     """What a refused request must leave as it was: how many runs, records, events, run events,
-    journal entries, commands, secrets and log lines there are, when a record, a run and a
-    secret last changed, and how many records are in each phase."""
+    journal entries, commands, secrets, log lines, service accounts and API tokens there are,
+    when a record, a run and a secret last changed, how many tokens are revoked and accounts
+    deleted, and how many records are in each phase."""
     with connection.cursor() as cursor:
         cursor.execute(_snapshot_query())
         row = cursor.fetchone()
-    names = [m.__name__ for m in WATCHED] + [f"{m.__name__} changed" for m in CHANGING] + ["Record phases"]
+    names = [m.__name__ for m in WATCHED] + [f"{m.__name__} changed" for m in CHANGING] + [*STATES, "Record phases"]
     return dict(zip(names, row, strict=True))
 
 
@@ -467,8 +545,13 @@ def world(web: WebServer, django_user_model: Any) -> Iterator[dict[str, str]]:
     agent = agents.agent_declare(owner=other, name="doors-box").record
     command = agents.command_submit(agent=agent, kind="exec", payload={"argv": ["true"]})
     secrets.secret_create(name="doors", value="v")
+    account = accounts.service_account_create(name="doors-sa", namespace="doors")
+    sa_token = accounts.service_account_token_issue(account=account).token
+    own_token = accounts.access_token_issue(user=user, comment="a door revokes this one, if any").token
     yield {
         "token": api_token(user),
+        "sa_token": str(sa_token.pk),
+        "own_token": str(own_token.pk),
         "stand": str(stand.pk),
         "other": str(other.pk),
         "holding": str(holding.pk),
@@ -563,6 +646,13 @@ def test_the_doors_are_every_write_endpoint_of_the_urlconf() -> None:
         ("POST", "AgentViewSet.cancel"),
         ("POST", "ArtifactViewSet.create"),
         ("POST", "OrphanViewSet.sweep"),
+        ("POST", "ServiceAccountViewSet.create"),
+        ("DELETE", "ServiceAccountViewSet.destroy"),
+        ("POST", "ServiceAccountViewSet.tokens"),
+        ("DELETE", "ServiceAccountViewSet.tokens"),
+        ("DELETE", "ServiceAccountViewSet.revoke_token"),
+        ("POST", "OwnTokenViewSet.create"),
+        ("DELETE", "OwnTokenViewSet.destroy"),
     }
     assert writes == covered
     assert len(DOORS) == len(covered)

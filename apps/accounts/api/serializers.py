@@ -97,7 +97,9 @@ class TokenCreateInput(_Strict):
 
 class ServiceAccountOutput(serializers.ModelSerializer[ServiceAccount]):
     username = serializers.CharField(source="user.username", read_only=True, help_text="its user, for role bindings")
-    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     live_tokens = serializers.IntegerField(read_only=True, help_text="tokens neither expired nor revoked")
 
     class Meta:
@@ -129,7 +131,9 @@ class _TokenStatus(serializers.ChoiceField):
 class TokenOutput(serializers.ModelSerializer[AccessToken]):
     """A token as lists show it: its first characters, never its key."""
 
-    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     status = _TokenStatus(help_text="active, expired or revoked")
 
     class Meta:

@@ -92,7 +92,7 @@ class ServiceAccountViewSet(DoorChecks, viewsets.GenericViewSet[Any]):  # lists 
         account = selectors.service_account_get(user=request.user, name=name, namespace=_namespace(request))
         return Response(ServiceAccountOutput(account).data)
 
-    @extend_schema(parameters=[NAMESPACE], request=None, responses=ServiceAccountDeleteOutput)
+    @extend_schema(parameters=[NAMESPACE], request=None, responses={200: ServiceAccountDeleteOutput})
     def destroy(self, request: Request, name: str) -> Response:
         """Disable the account and revoke all its tokens (its websockets close); the name stays taken."""
         namespace = _namespace(request)
@@ -109,7 +109,7 @@ class ServiceAccountViewSet(DoorChecks, viewsets.GenericViewSet[Any]):  # lists 
         methods=["DELETE"],
         parameters=[NAMESPACE],
         request=None,
-        responses=RevokedCountOutput,
+        responses={200: RevokedCountOutput},
         operation_id="v1_accounts_tokens_revoke_all",
     )
     @action(detail=True, methods=["get", "post", "delete"], pagination_class=NewestFirst)
@@ -140,7 +140,10 @@ class ServiceAccountViewSet(DoorChecks, viewsets.GenericViewSet[Any]):  # lists 
         return Response(RevokedCountOutput({"revoked_tokens": revoked}).data)
 
     @extend_schema(
-        parameters=[NAMESPACE, TOKEN_ID], request=None, responses=TokenOutput, operation_id="v1_accounts_tokens_revoke"
+        parameters=[NAMESPACE, TOKEN_ID],
+        request=None,
+        responses={200: TokenOutput},
+        operation_id="v1_accounts_tokens_revoke",
     )
     @action(detail=True, methods=["delete"], url_path=r"tokens/(?P<token_id>[^/.]+)")
     def revoke_token(self, request: Request, name: str, token_id: str) -> Response:
@@ -183,7 +186,7 @@ class OwnTokenViewSet(DoorChecks, viewsets.GenericViewSet[AccessToken]):
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(TokenOutput(selectors.own_token_get(user=request.user, token_id=pk)).data)
 
-    @extend_schema(request=None, responses=TokenOutput)
+    @extend_schema(request=None, responses={200: TokenOutput})
     def destroy(self, request: Request, pk: str) -> Response:
         """Revoke one of the caller's tokens, at once (revoking a revoked one changes nothing)."""
         token = selectors.own_token_get(user=request.user, token_id=pk)
