@@ -4,6 +4,7 @@ from the very next request; who may do what is decided in one place."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -355,3 +356,28 @@ def test_listing_accounts_costs_the_same_queries_for_one_or_many(
     with django_assert_max_num_queries(5):
         tokens = admin.get("/api/v1/accounts/bot-3/tokens/")
     assert len(tokens.json()["results"]) == 1
+
+
+def test_the_first_admins_token_is_renewed_in_its_file_once_it_no_longer_authenticates(tmp_path: Any) -> None:
+    """``graphene up``: the credentials file is how an embedded installation's owner gets in, so
+    a start after the saved token expired puts a new one in it (the password stays)."""
+    first = services.admin_bootstrap(data_dir=tmp_path)
+    assert first.created
+    assert first.token is not None
+    saved = json.loads((tmp_path / "admin-credentials.json").read_text())
+    assert saved["token"] == first.token
+    assert whoami(first.token).status_code == 200
+
+    again = services.admin_bootstrap(data_dir=tmp_path)
+    assert (again.created, again.renewed, again.token) == (False, False, None)  # still good: untouched
+    assert json.loads((tmp_path / "admin-credentials.json").read_text()) == saved
+
+    AccessToken.objects.filter(user__username="admin").update(expires_at=timezone.now() - timedelta(seconds=1))
+    renewed = services.admin_bootstrap(data_dir=tmp_path)
+    assert renewed.renewed
+    assert renewed.token is not None
+    now_saved = json.loads((tmp_path / "admin-credentials.json").read_text())
+    assert now_saved == {**saved, "token": renewed.token}
+    assert oct((tmp_path / "admin-credentials.json").stat().st_mode & 0o777) == "0o600"
+    assert whoami(renewed.token).status_code == 200
+    assert whoami(first.token).json()["error"] == "token_expired"
