@@ -137,6 +137,22 @@ def test_foreign_revoked_expired_credentials_are_refused_with_events(
     assert "CredentialExpired" in refusals(b)
 
 
+def test_a_credential_that_expires_while_connected_closes_the_connection(agents: Agents) -> None:
+    """Expiry, like revocation, ends a live connection, not only the next connect: the agent is
+    told why and stops for good (it needs a new enrollment), and the record says so."""
+    record, agent = agents("echo-expiring")
+    wait_phase(record, Phase.READY)
+    agent.kill()
+    soon = timezone.now() + timedelta(seconds=3)
+    AgentToken.objects.filter(agent=record, kind="credential", revoked_at__isnull=True).update(expires_at=soon)
+    agent.start()
+    assert agent.wait_exit() == 78
+    assert "the credential expired at" in agent.output()
+    assert "reconnecting in" not in agent.output().split("connected as agent")[-1]
+    assert "CredentialExpired" in refusals(record)
+    assert timezone.now() >= soon
+
+
 def test_exec_streams_output_and_returns_the_exit_code(agents: Agents, web: WebServer, operator: str) -> None:
     record, _ = agents("echo")
     wait_phase(record, Phase.READY)

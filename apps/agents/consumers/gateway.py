@@ -19,12 +19,14 @@ import json
 import logging
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.utils import timezone
 from graphene_agent import protocol
 
 from apps.agents import services
@@ -51,6 +53,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         self.cancels_sent: set[str] = set()
         self.deliver_lock = asyncio.Lock()
         self.ptys: dict[str, dict[str, Any]] = {}  # terminal session -> its user and start
+        self.expiry_timer: asyncio.Future[None] | None = None
         await self.accept()
         self.auth_timer = asyncio.ensure_future(self._auth_timeout())
 
@@ -59,12 +62,23 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         if self.record_id is None:
             await self.close(code=protocol.CLOSE_AUTH_TIMEOUT, reason="no auth message in time")
 
+    async def _expire_at(self, expires_at: datetime) -> None:
+        """Close the connection when its credential expires, as the next connect would be refused."""
+        await asyncio.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()))
+        assert self.record_id is not None
+        reason = await database_sync_to_async(services.agent_credential_expired)(
+            record_id=self.record_id, expires_at=expires_at
+        )
+        await self.refuse(protocol.CLOSE_REFUSED, reason)
+
     def _peer(self) -> str:
         client = self.scope.get("client")
         return f"{client[0]}:{client[1]}" if client else ""
 
     async def disconnect(self, code: int) -> None:
         self.auth_timer.cancel()
+        if self.expiry_timer is not None:
+            self.expiry_timer.cancel()
         try:
             await self._ptys_lost()
         except Exception:  # the users' consumers notice by themselves (their watchdog)
@@ -156,6 +170,8 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         )
         self.record_id = outcome.record_id
         self.auth_timer.cancel()
+        if outcome.expires_at is not None:
+            self.expiry_timer = asyncio.ensure_future(self._expire_at(outcome.expires_at))
         welcome: dict[str, Any] = {
             "type": "welcome",
             "agent_id": str(outcome.record_id),

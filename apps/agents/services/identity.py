@@ -41,6 +41,8 @@ CREDENTIAL_PREFIX = "gac_"
 class Authenticated:
     record_id: uuid.UUID
     credential: str | None  # only when a bootstrap token was exchanged
+    # When the credential the connection rests on expires: the gateway closes it then.
+    expires_at: datetime | None = None
 
 
 class AgentInstall(NamedTuple):
@@ -310,7 +312,7 @@ def _authenticate(
         return refuse(protocol.CLOSE_REFUSED, f"{kind.title()}Expired", f"the {noun} expired at {token.expires_at}")
     if kind == TokenKind.CREDENTIAL:
         AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        return Authenticated(record_id=record.pk, credential=None)
+        return Authenticated(record_id=record.pk, credential=None, expires_at=token.expires_at)
     if token.used_at is not None:
         return refuse(
             protocol.CLOSE_REFUSED,
@@ -325,4 +327,15 @@ def _authenticate(
     days = settings.GRAPHENE_AGENT_CREDENTIAL_TTL_DAYS
     expires_at = now + timedelta(days=days) if days > 0 else None
     issued = _token_create(record, TokenKind.CREDENTIAL, CREDENTIAL_PREFIX, now=now, expires_at=expires_at)
-    return Authenticated(record_id=record.pk, credential=issued)
+    return Authenticated(record_id=record.pk, credential=issued, expires_at=expires_at)
+
+
+def agent_credential_expired(*, record_id: Any, expires_at: datetime) -> str:
+    """A connected agent's credential reached its expiry: the gateway closes the connection (as
+    a refusal: the agent stops until it is enrolled again), and the record says why. Returns
+    the reason sent to the agent."""
+    reason = f"the credential expired at {expires_at.isoformat()}"
+    with transaction.atomic():
+        _record_event(record_id, EventType.ERROR, reason="CredentialExpired", message=f"{reason}; connection closed")
+    logger.warning("agent %s: %s; connection closed", record_id, reason)
+    return reason
