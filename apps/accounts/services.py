@@ -151,6 +151,8 @@ def _create(*, user: Any, lifetime: timedelta, comment: str, actor: Actor, now: 
     return IssuedToken(token, key)
 
 
+# Row locks here are FOR NO KEY UPDATE: they serialize writers of the row (two revocations, an
+# issue racing a deactivation) without blocking inserts that reference it (a record a user creates).
 @transaction.atomic
 def access_token_issue(
     *,
@@ -164,7 +166,7 @@ def access_token_issue(
     ``GRAPHENE_USER_TOKEN_TTL_DAYS``). The key is in the result only."""
     comment = _comment(comment)
     lifetime = token_lifetime(expires_in=expires_in, default_days=default_days or settings.GRAPHENE_USER_TOKEN_TTL_DAYS)
-    user = get_user_model().objects.select_for_update().get(pk=user.pk)
+    user = get_user_model().objects.select_for_update(no_key=True).get(pk=user.pk)
     if not user.is_active:
         raise Conflict(
             f"user {user.get_username()!r} is inactive, and an inactive user's token does not authenticate: "
@@ -194,7 +196,7 @@ def _announce_revoked(tokens: list[tuple[Any, str]], reason: str) -> None:
 def access_token_revoke(*, token: AccessToken, actor: Actor = None, reason: str = "revoked") -> AccessToken:
     """Revoke one token: it is refused from the next request on, and the websockets it opened
     are closed. Revoking a revoked token changes nothing (its first revocation stands)."""
-    token = AccessToken.objects.select_for_update().get(pk=token.pk)
+    token = AccessToken.objects.select_for_update(no_key=True).get(pk=token.pk)
     if token.revoked_at is not None:
         return token
     token.revoked_at = timezone.now()
@@ -208,7 +210,7 @@ def access_token_revoke(*, token: AccessToken, actor: Actor = None, reason: str 
 @transaction.atomic
 def access_tokens_revoke_all(*, user: Any, actor: Actor = None, reason: str = "revoked") -> int:
     """Revoke every live token of ``user``; how many were revoked."""
-    live = AccessToken.objects.select_for_update().filter(user=user, revoked_at__isnull=True)
+    live = AccessToken.objects.select_for_update(no_key=True).filter(user=user, revoked_at__isnull=True)
     tokens = list(live.values_list("pk", "prefix"))
     if not tokens:
         return 0
@@ -324,9 +326,11 @@ def service_account_create(
             )
     except IntegrityError:  # created concurrently
         existing = ServiceAccount.objects.filter(namespace=namespace, name=name).first()
-        raise (
-            _taken(existing) if existing else Conflict(f"user {username!r} exists", fields={"name": ["taken"]})
-        ) from None
+        taken = Conflict(
+            f"a user named {username!r} exists and is no service account: choose another name",
+            fields={"name": ["taken by a user"]},
+        )
+        raise (_taken(existing) if existing else taken) from None
     logger.info("%s created by %s", account, _actor_id(actor))
     return account
 
@@ -346,7 +350,7 @@ def service_account_delete(*, account: ServiceAccount, actor: Actor = None) -> t
     """Delete (disable) a service account: its user is deactivated and every token revoked at
     once. The row stays, so that what it did stays attributed. Returns it and how many tokens
     were revoked; deleting it again changes nothing."""
-    account = ServiceAccount.objects.select_for_update().select_related("user").get(pk=account.pk)
+    account = ServiceAccount.objects.select_for_update(no_key=True).select_related("user").get(pk=account.pk)
     if account.disabled_at is not None:
         return account, 0
     account.disabled_at = timezone.now()
@@ -407,7 +411,7 @@ def user_token_issue(
     tokens are issued with ``graphenectl account token``.
     """
     user_model = get_user_model()
-    user = user_model.objects.select_for_update().filter(**{user_model.USERNAME_FIELD: username}).first()
+    user = user_model.objects.select_for_update(no_key=True).filter(**{user_model.USERNAME_FIELD: username}).first()
     created_user = False
     if user is None:
         if not create_user:

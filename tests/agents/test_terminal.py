@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
+from apps.accounts import services as accounts
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from tests.agents.conftest import wait_phase
@@ -186,6 +187,30 @@ def test_closing_the_websocket_hangs_up_the_shell_on_the_machine(
     assert closed.data["closed_by"] == "user"
     assert closed.data["signal"] is not None, "hung up, not exited by itself"
     assert closed.data["user"] == "root"
+
+
+def test_revoking_the_token_hangs_up_its_terminals(agents: Agents, web: WebServer, django_user_model: Any) -> None:
+    """A terminal is the most a token opens: revoking the token closes it (4401, saying why) and
+    the shell on the machine is hung up, as when the user closes it."""
+    user = django_user_model.objects.create_superuser(username="leaky", password="pw")
+    issued = accounts.access_token_issue(user=user, comment="leaked")
+    record, _ = agents("revoked-term")
+    wait_phase(record, Phase.READY)
+    terminal = Terminal(web, record.pk, issued.key, command="echo ready; sleep 600")
+    opened = terminal.control()
+    assert opened["type"] == "opened", opened
+    terminal.read_until(b"ready")
+
+    accounts.access_token_revoke(token=issued.token, reason="leaked in a log")
+    error = terminal.control(timeout=15)
+    assert error["type"] == "error"
+    assert error["code"] == 4401
+    assert "was revoked at" in error["error"]
+    assert "leaked in a log" in error["error"]
+    assert terminal.closed()[0] == 4401
+    wait_for(lambda: pid_gone(opened["pid"]), timeout=15, what="the shell to be hung up after the revocation")
+    [closed] = wait_for(lambda: terminal_events(record, "TerminalClosed"), timeout=10, what="TerminalClosed")
+    assert closed.data["user"] == "leaky"
 
 
 def test_large_output_arrives_whole_and_in_order(agents: Agents, web: WebServer, admin_token: str) -> None:
