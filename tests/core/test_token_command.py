@@ -20,7 +20,7 @@ import graphene_project
 from apps.accounts.models import AccessToken
 from graphene_project.cli import main
 from tests.harness.processes import REPO, process_env
-from tests.test_foundation import graphene
+from tests.test_foundation import assert_one_line_error, clean_env, graphene, run_graphene
 
 
 def _token(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
@@ -166,3 +166,14 @@ def test_the_readmes_first_user_and_token_commands_work(tmp_path: Path) -> None:
     assert status == 200
     assert (who["username"], who["is_staff"]) == ("admin", True)
     assert run("token", "admin").stdout != printed.stdout  # another token: none is shown twice
+
+
+@pytest.mark.system
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("GRAPHENE_USER_TOKEN_TTL_DAYS", "400"), ("GRAPHENE_SERVICE_ACCOUNT_TOKEN_TTL_DAYS", "0")],
+)
+def test_a_token_lifetime_beyond_the_bound_stops_the_command_at_once(setting: str, value: str, tmp_path: Path) -> None:
+    env = clean_env(tmp_path, DJANGO_SETTINGS_MODULE="graphene_project.settings.dev", **{setting: value})
+    line = assert_one_line_error(run_graphene(["token", "admin"], env), setting)
+    assert "must be between 1 and GRAPHENE_TOKEN_MAX_TTL_DAYS (365)" in line
