@@ -290,6 +290,7 @@ def access_token_recheck(*, token_id: Any) -> TokenRefused | None:
 
 
 def namespace_validate(namespace: Any, *, field: str = "namespace") -> str:
+    """A namespace's name (a DNS label, as the access module names namespaces), or ``ValidationFailed``."""
     return validation.check_dns_label(namespace, field=field)
 
 
