@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
+from apps.core import rbac
+from apps.core.models import Role
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
+from tests import factories
 from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
 from tests.harness.agents import AgentProcess
@@ -47,9 +49,15 @@ def admin_token(django_user_model: Any) -> str:
 
 @pytest.fixture
 def terminal_token(django_user_model: Any) -> str:
-    """A plain user granted agents.open_terminal."""
+    """A plain user who may open terminals on agents of the default namespace (a custom role)."""
     user = django_user_model.objects.create_user(username="ops", password="pw")
-    user.user_permissions.add(Permission.objects.get(codename="open_terminal", content_type__app_label="agents"))
+    if not Role.objects.filter(name="terminal-user").exists():
+        rbac.role_create(
+            name="terminal-user",
+            rules=[{"verbs": ["get", "open_terminal"], "resources": ["agents", "records"]}],
+            actor=None,
+        )
+    factories.bind(user, "terminal-user")
     return Token.objects.create(user=user).key
 
 

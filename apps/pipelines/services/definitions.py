@@ -14,7 +14,7 @@ from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 from graphene_sdk import registered
 
-from apps.core import validation
+from apps.core import access, validation
 from apps.core.errors import NotFound
 from apps.pipelines.models import Pipeline
 
@@ -54,8 +54,12 @@ def pipelines_load() -> dict[str, Definition[Any, Any]]:
     return registered()
 
 
-def definition_get(name: str) -> Definition[Any, Any]:
+def definition_get(name: str, *, user: Any = None) -> Definition[Any, Any]:
+    """The loaded pipeline ``name``. With ``user``: only if they may see pipelines in its
+    namespace (else the same 404 as an unknown name, which lists only what they may see)."""
     loaded = pipelines_load()
+    if user is not None:
+        loaded = {n: d for n, d in loaded.items() if access.may(user, "get", "pipelines", d.namespace)}
     try:
         return loaded[name]
     except KeyError:
@@ -73,6 +77,7 @@ def _pipeline_fields(definition: Definition[Any, Any]) -> dict[str, Any]:
         "max_pending": definition.max_pending,
         "timeout_seconds": int(definition.timeout.total_seconds()) if definition.timeout else None,
         "is_loaded": True,
+        "namespace": definition.namespace,
     }
 
 

@@ -318,9 +318,12 @@ def record_act(request: HttpRequest, *, site: AdminSite, record_id: Any) -> Http
 def _hand_over(request: HttpRequest, record: Record) -> Record:
     """Give the record (and its subtree) to a pipeline's stand, made if it has none yet (as
     ``graphenectl transfer --to stand/<pipeline>`` does)."""
-    name = pipeline_services.definition_get(request.POST.get("pipeline", "")).name
+    definition = pipeline_services.definition_get(request.POST.get("pipeline", ""), user=request.user)
+    name = definition.name
     keep = dict(EXTEND_CHOICES).get(request.POST.get("keep_for", ""))
-    stand = pipelines.stand_find(user=request.user, pipeline=name) or pipeline_services.stand_get(name)
+    stand = pipelines.stand_find(user=request.user, pipeline=name) or pipeline_services.stand_get(
+        name, namespace=definition.namespace
+    )
     moved = services.record_transfer(
         record=record,
         new_owner=stand,
