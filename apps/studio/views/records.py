@@ -17,6 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllow
 from django.urls import reverse
 from django.utils import timezone
 
+from apps.core import access
 from apps.core.errors import GrapheneError, NotFound
 from apps.observability import selectors as observability
 from apps.pipelines import selectors as pipelines
@@ -168,6 +169,7 @@ def record_detail(request: HttpRequest, *, site: AdminSite, record_id: Any) -> H
         "extend_choices": [label for label, _ in EXTEND_CHOICES],
         "may_hand_over": live and not record.is_root,
         "is_agent": record.kind == "agent",
+        "can_open_terminal": access.may(request.user, "open_terminal", "agents", record.namespace),
     }
     if context["may_hand_over"]:
         context["pipelines"] = sorted(pipeline_services.pipelines_load())
