@@ -132,6 +132,12 @@ class Grants:
             return None
         return frozenset(ns for ns, pairs in self.by_namespace.items() if _covers(pairs, verb, resource))
 
+    def bound_namespaces(self) -> frozenset[str] | None:
+        """The namespaces the actor holds any binding in; ``None``: all (bound in ``*``)."""
+        if self.superuser or self.everywhere:
+            return None
+        return frozenset(self.by_namespace)
+
     def anywhere(self, verb: str, resource: str) -> bool:
         found = self.namespaces(verb, resource)
         return found is None or bool(found)

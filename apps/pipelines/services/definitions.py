@@ -16,6 +16,7 @@ from graphene_sdk import registered
 
 from apps.core import access, validation
 from apps.core.errors import NotFound
+from apps.core.models import Namespace
 from apps.pipelines.models import Pipeline
 
 _load_lock = threading.Lock()
@@ -88,9 +89,14 @@ def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = No
     if row is None:
         row = Pipeline.objects.filter(name=definition.name).first()
     if row is None:
+        # A pipeline's code names its namespace: loading it brings the namespace into being
+        # (deploying pipeline code is an operator's act; who may see it is still bindings' to say).
+        Namespace.objects.get_or_create(name=definition.namespace)
         row, _ = Pipeline.objects.get_or_create(name=definition.name, defaults=fields)
         return row
     changed = {k: v for k, v in fields.items() if getattr(row, k) != v}
+    if "namespace" in changed:
+        Namespace.objects.get_or_create(name=definition.namespace)
     if changed:
         Pipeline.objects.filter(pk=row.pk).update(**changed, updated_at=timezone.now())
         for key, value in changed.items():
