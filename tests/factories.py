@@ -32,3 +32,10 @@ def bind(user: Any, role: str = "developer", namespace: str = "default") -> None
     if namespace != "*":
         Namespace.objects.get_or_create(name=namespace)
     rbac.role_bind(role=role, namespace=namespace, user=user.get_username(), actor=None)
+
+
+def bind_namespace(name: str) -> None:
+    """A namespace (as an admin would make it), if it does not exist yet."""
+    from apps.core.models import Namespace
+
+    Namespace.objects.get_or_create(name=name)

@@ -52,12 +52,14 @@ class AccessPermission(BasePermission):
             if action is None:
                 return True  # a method the viewset does not serve: its 405 follows
         else:
-            action = request.method.lower()
+            action = (request.method or "get").lower()
             if not hasattr(view, action):
                 return True  # the same for a plain view
         rule = rule_of(view, action)
         if getattr(view, "access_public", False):
             return True  # a read every signed-in caller may make (whoami, kinds)
+        if action in getattr(view, "access_narrowed", ()):
+            return True  # every signed-in caller, and the view's selector narrows what they get
         if rule is None:
             if access.grants(user).superuser:
                 return True

@@ -1,7 +1,7 @@
 """REST routes under /api/v1/."""
 
 from django.urls import path
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import APIRootView, DefaultRouter
 
 from apps.agents.api.views import AgentViewSet
 from apps.api.access_views import BindingViewSet, NamespaceViewSet, RoleViewSet
@@ -12,7 +12,15 @@ from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
 from apps.secrets.api.views import SecretViewSet
 
+
+class ApiRoot(APIRootView):
+    """The links to every list of the API."""
+
+    access_public = True  # a map of the API, the same for every signed-in caller
+
+
 router = DefaultRouter()
+router.APIRootView = ApiRoot
 router.register("records", RecordViewSet, basename="record")
 router.register("kinds", KindViewSet, basename="kind")
 router.register("orphans", OrphanViewSet, basename="orphan")

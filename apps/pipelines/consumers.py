@@ -35,6 +35,7 @@ class RunsConsumer(AsyncJsonWebsocketConsumer):
     without credentials, 4404 for a run the user may not see, 4403 when nothing may be watched."""
 
     groups_joined: list[str]
+    access_rule = ("watch", "runs")  # read by tests/access: every route names its rule
 
     async def connect(self) -> None:
         self.groups_joined = []

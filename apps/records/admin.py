@@ -38,10 +38,13 @@ class RecordAdmin(AccessAdmin):
                     raise PermissionDenied
                 return view(request, **kwargs)
 
+            viewing.access_rule = ("get", "records")  # type: ignore[attr-defined]  # read by tests/access
             return path(route, site.admin_view(viewing), name=name, kwargs={"site": site})
 
         def moved(request: HttpRequest, record_id: Any) -> HttpResponse:
             return HttpResponseRedirect(reverse("admin:records_record_change", args=[record_id], current_app=site.name))
+
+        moved.access_rule = ("get", "records")  # type: ignore[attr-defined]  # a redirect to the page that checks it
 
         return [
             page("", pages.record_list, "records_record_changelist"),

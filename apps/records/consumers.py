@@ -31,6 +31,7 @@ class RecordsConsumer(AsyncJsonWebsocketConsumer):
     credentials, 4403 with none allowed."""
 
     groups_joined: list[str]
+    access_rule = ("watch", "records")  # read by tests/access: every route names its rule
 
     async def connect(self) -> None:
         self.groups_joined = []
@@ -61,6 +62,8 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
     stored, found by id through the (record, id) index four times a second. Closes with 4401
     (not authenticated), 4404 (no such record) or 4400 (a bad parameter, after an
     ``{"error": ..., "fields": ...}`` message)."""
+
+    access_rule = ("watch", "records")
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -99,5 +102,7 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
 
 def _log_query(user: Any, record_id: str, params: dict[str, str]) -> tuple[Any, int]:
     record = record_get(user=user, record_id=record_id)
+    if not access.may(user, "watch", "records", record.namespace):
+        raise NotFound(f"no record {record_id}")
     rows, _covered = log_rows(record=record, **log_filter_params(params))
     return rows, log_start(rows, **log_start_params(params))

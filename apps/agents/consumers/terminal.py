@@ -99,7 +99,8 @@ def _terminal_target(user: Any, agent_id: str) -> tuple[Any, str]:
 
 
 class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-ignore]  # channels is untyped
-    """``ws/agents/<id>/pty/``: a terminal on the agent's machine, for a user with ``agents.open_terminal``.
+    """``ws/agents/<id>/pty/``: a terminal on the agent's machine, for a user who may
+    ``open_terminal`` agents in its namespace.
 
     Authenticated by the session cookie (the Studio) or ``Authorization: Token <key>``
     (graphenectl). Query parameters: ``cols`` and ``rows`` (default 80x24), ``term`` (``TERM``,
@@ -117,6 +118,8 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused
     agent is not connected or did not start the terminal). Refusals and terminals are events
     on the agent record (``TerminalRefused``, ``TerminalOpened``, ``TerminalClosed``).
     """
+
+    access_rule = ("open_terminal", "agents")  # read by tests/access
 
     async def connect(self) -> None:
         self.pty_session = uuid.uuid4().hex
