@@ -15,6 +15,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.admin import AdminSite
+from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
@@ -409,3 +410,23 @@ def test_record_hints_reach_only_watchers_of_their_namespace(
 
     theirs, heard = async_to_sync(watch)()
     assert theirs not in heard
+
+
+def test_the_studio_shows_a_developer_only_their_namespace(places: dict[str, Place], django_user_model: Any) -> None:
+    dev = django_user_model.objects.create_user(username="dev", password="pw")
+    factories.bind(dev, "developer")
+    studio = Client()
+    studio.force_login(dev)
+    page = studio.get("/runs/").content.decode()
+    assert str(places["default"].run.pk) in page
+    assert str(places[OTHER].run.pk) not in page
+    assert studio.get(f"/runs/{places[OTHER].run.pk}/").status_code == 404
+    assert studio.get(f"/records/record/{places[OTHER].held.pk}/change/").status_code == 404
+    assert studio.post(f"/runs/{places[OTHER].run.pk}/cancel/").status_code == 404
+    assert studio.get(f"/pipelines/{places[OTHER].pipeline}/").status_code == 404
+    admin = django_user_model.objects.create_user(username="root-ops", password="pw", is_staff=True)
+    factories.bind(admin, "admin", "*")
+    studio.force_login(admin)
+    only = studio.get(f"/runs/?namespace={OTHER}").content.decode()
+    assert str(places[OTHER].run.pk) in only
+    assert str(places["default"].run.pk) not in only
