@@ -100,7 +100,7 @@ class AccessDenied(GrapheneError):
     """The actor is known but no role bound to them grants the verb (403)."""
 
     status_code = 403
-    code = "forbidden"
+    code = "permission_denied"
 
 
 class UnknownNamespace(GrapheneError):
