@@ -14,7 +14,7 @@ import pytest
 from rest_framework.test import APIClient
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from tests.factories import api_token
+from tests import factories
 from tests.harness.browser import chromium_driver
 from tests.harness.driver import Driver
 from tests.harness.embedded import Ctl, Server
@@ -254,14 +254,39 @@ def ctl(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Ctl:
 
 @pytest.fixture
 def user(django_user_model: Any) -> Any:
-    return django_user_model.objects.create_user(username="alice", password="pw")
+    """A developer in the default namespace."""
+    alice = django_user_model.objects.create_user(username="alice", password="pw")
+    factories.bind(alice, "developer")
+    return alice
 
 
 @pytest.fixture
 def api(user: Any) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user)}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {factories.api_token(user)}")
     return client
+
+
+def _client_of(user: Any) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {factories.api_token(user)}")
+    return client
+
+
+@pytest.fixture
+def viewer_api(django_user_model: Any) -> APIClient:
+    """A viewer in the default namespace: reads, changes nothing."""
+    viewer = django_user_model.objects.create_user(username="vera", password="pw")
+    factories.bind(viewer, "viewer")
+    return _client_of(viewer)
+
+
+@pytest.fixture
+def admin_api(django_user_model: Any) -> APIClient:
+    """An admin of every namespace (a binding in ``*``, not a superuser)."""
+    admin = django_user_model.objects.create_user(username="root-ops", password="pw")
+    factories.bind(admin, "admin", "*")
+    return _client_of(admin)
 
 
 @pytest.fixture

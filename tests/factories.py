@@ -1,4 +1,4 @@
-"""Records and API tokens built through the services, as the product builds them."""
+"""Records, role bindings and API tokens built through the services, as the product builds them."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from apps.accounts import services as accounts
+from apps.core import rbac
 from apps.records import services
 from apps.records.models import Record
 
@@ -29,3 +30,19 @@ def sleep(owner: Record, name: str, **spec: Any) -> Record:
 
 def flaky(owner: Record, name: str, **spec: Any) -> Record:
     return services.record_declare(kind="test.flaky", name=name, owner=owner, spec=spec)
+
+
+def bind(user: Any, role: str = "developer", namespace: str = "default") -> None:
+    """Grant ``user`` a role in a namespace (made if missing), as an admin would."""
+    from apps.core.models import Namespace
+
+    if namespace != "*":
+        Namespace.objects.get_or_create(name=namespace)
+    rbac.role_bind(role=role, namespace=namespace, user=user.get_username(), actor=None)
+
+
+def bind_namespace(name: str) -> None:
+    """A namespace (as an admin would make it), if it does not exist yet."""
+    from apps.core.models import Namespace
+
+    Namespace.objects.get_or_create(name=name)

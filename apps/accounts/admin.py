@@ -1,36 +1,25 @@
 """The Studio's view of service accounts and API tokens: read-only, never a key or a digest;
-tokens can be revoked from their list (through the service, like every write)."""
+tokens can be revoked from their list (through the service, like every write). What a user sees
+is what the access module lets it read of ``accounts``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.accounts import services
+from apps.accounts import selectors, services
 from apps.accounts.models import AccessToken, ServiceAccount
-
-if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[Any]
-else:  # the stubs' generic is not subscriptable at run time
-    _ModelAdmin = admin.ModelAdmin
-
-
-class _ReadOnly(_ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # tokens and accounts are made over the API and graphenectl (a key is shown once, there)
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # a token is revoked, an account disabled: the rows stay to explain refusals
+from apps.core import access
+from apps.core.admin import AccessAdmin
 
 
 @admin.register(ServiceAccount)
-class ServiceAccountAdmin(_ReadOnly):
+class ServiceAccountAdmin(AccessAdmin):
+    access_resource = "accounts"
+
     list_display = ["name", "namespace", "description", "created_at", "created_by", "disabled_at"]
     list_filter = ["namespace"]
     search_fields = ["name", "description"]
@@ -40,15 +29,30 @@ class ServiceAccountAdmin(_ReadOnly):
 
 @admin.action(description="Revoke the selected tokens (refused from the next request on)")
 def revoke_tokens(model_admin: Any, request: HttpRequest, queryset: QuerySet[AccessToken]) -> None:
-    revoked = 0
-    for token in queryset.filter(revoked_at__isnull=True):
+    revoked, refused = 0, 0
+    for token in queryset.filter(revoked_at__isnull=True).select_related("user__service_account"):
+        account = getattr(token.user, "service_account", None)
+        try:
+            selectors.account_authorize(
+                user=request.user, verb="token.revoke", namespace=account.namespace if account else None
+            )
+        except access.AccessDenied:
+            refused += 1
+            continue
         services.access_token_revoke(token=token, actor=request.user, reason="revoked in the Studio")
         revoked += 1
     model_admin.message_user(request, f"Revoked {revoked} token(s)", messages.SUCCESS)
+    if refused:
+        model_admin.message_user(request, f"{refused} token(s) are not yours to revoke", messages.WARNING)
 
 
 @admin.register(AccessToken)
-class AccessTokenAdmin(_ReadOnly):
+class AccessTokenAdmin(AccessAdmin):
+    # A service account's tokens are read in its namespace; a person's tokens (no namespace) by
+    # whoever may read accounts in every namespace.
+    access_resource = "accounts"
+    access_namespace_field = "user__service_account__namespace"
+
     list_display = ["prefix", "user", "comment", "created_at", "expires_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "comment", "user__username"]
@@ -67,7 +71,3 @@ class AccessTokenAdmin(_ReadOnly):
     )
     readonly_fields = fields
     actions = [revoke_tokens]
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        # The list's revoke action needs it; the form stays read-only (every field is).
-        return bool(getattr(request.user, "is_superuser", False))

@@ -9,7 +9,8 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from apps.accounts.models import AccessToken, ServiceAccount
-from apps.core.errors import GrapheneError, NotFound
+from apps.core import access
+from apps.core.errors import NotFound
 
 # What may be done, by whom (``account_authorize``). Verbs on service accounts and their tokens,
 # and ``own.*`` on the caller's own tokens.
@@ -27,35 +28,40 @@ Verb = Literal[
 ]
 
 
-class Forbidden(GrapheneError):
-    """The caller is authenticated but may not do this."""
-
-    status_code = 403
-    code = "permission_denied"
+# The access module's verb on ``accounts`` for each verb here: reading an account's tokens is
+# reading the account; issuing or revoking one changes what the account can do (``update``).
+ACCESS_VERBS: dict[str, str] = {
+    "list": "list",
+    "get": "get",
+    "create": "create",
+    "delete": "delete",
+    "token.list": "get",
+    "token.create": "update",
+    "token.revoke": "update",
+}
 
 
 def account_authorize(*, user: Any, verb: Verb, namespace: str | None) -> None:
-    """The one authorization decision of accounts and tokens: returns, or raises ``Forbidden``.
+    """The one authorization decision of accounts and tokens: returns, or raises ``AccessDenied``
+    (403) saying which binding is missing.
 
-    Until the access module is merged, the rules are: service accounts and their tokens (the
-    verbs without ``own.``) are for superusers, in every namespace; any active user may list
-    and revoke its own tokens, and create them unless it is a service account (a leaked
-    service-account token must not mint its own successors: an administrator issues them, each
-    with its expiry). The access module (``apps.access.may``) replaces this body with its
-    answer for ``(user, verb, "serviceaccounts", namespace)``; the callers stay as they are.
+    Service accounts and their tokens are the namespaced resource ``accounts`` of the access
+    module (``apps.core.access``): the built-in ``admin`` role grants it in the namespace it is
+    bound in (superusers everywhere); ``developer`` and ``viewer`` do not. A user's own tokens
+    belong to no namespace: any active user lists and revokes its own tokens, and creates them
+    unless it is a service account (a leaked service-account token must not mint its own
+    successors: an administrator issues them, each with its expiry).
     """
     if not (user is not None and user.is_authenticated and user.is_active):
-        raise Forbidden("this needs an authenticated, active user")
+        raise access.AccessDenied("this needs an authenticated, active user")
     if verb.startswith("own."):
         if verb == "own.create" and hasattr(user, "service_account"):
-            raise Forbidden(
+            raise access.AccessDenied(
                 "a service account does not create its own tokens: an administrator issues them with "
                 "`graphenectl account token NAME`"
             )
         return
-    if not user.is_superuser:
-        where = f" in namespace {namespace!r}" if namespace else ""
-        raise Forbidden(f"managing service accounts and their tokens{where} needs a superuser")
+    access.require(user, ACCESS_VERBS[verb], "accounts", namespace)
 
 
 def _live_tokens() -> Q:

@@ -259,7 +259,7 @@ def agent_ssh_install(
     server = (server_url or settings.GRAPHENE_AGENT_SERVER_URL).rstrip("/")
     expected = host_key_parse(target.host_key)
     try:
-        key_text = secret_resolve(name=target.key_secret)
+        key_text = secret_resolve(name=target.key_secret, namespace=record.namespace)
     except SecretNotFound as exc:
         raise SSHInstallError(f"cannot install agent {record.name} on {target.address}: {exc.detail}") from None
     pkey = _private_key(key_text, target.key_secret)

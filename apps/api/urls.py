@@ -1,10 +1,11 @@
 """REST routes under /api/v1/."""
 
 from django.urls import path
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import APIRootView, DefaultRouter
 
 from apps.accounts.api.views import OwnTokenViewSet, ServiceAccountViewSet
 from apps.agents.api.views import AgentViewSet
+from apps.api.access_views import BindingViewSet, NamespaceViewSet, RoleViewSet
 from apps.api.views import WhoAmI
 from apps.artifacts.api.views import ArtifactViewSet
 from apps.pipelines.api.stands import StandViewSet
@@ -12,7 +13,15 @@ from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
 from apps.secrets.api.views import SecretViewSet
 
+
+class ApiRoot(APIRootView):
+    """The links to every list of the API."""
+
+    access_public = True  # a map of the API, the same for every signed-in caller
+
+
 router = DefaultRouter()
+router.APIRootView = ApiRoot
 router.register("records", RecordViewSet, basename="record")
 router.register("kinds", KindViewSet, basename="kind")
 router.register("orphans", OrphanViewSet, basename="orphan")
@@ -22,6 +31,9 @@ router.register("stands", StandViewSet, basename="stand")
 router.register("agents", AgentViewSet, basename="agent")
 router.register("secrets", SecretViewSet, basename="secret")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
+router.register("namespaces", NamespaceViewSet, basename="namespace")
+router.register("roles", RoleViewSet, basename="role")
+router.register("rolebindings", BindingViewSet, basename="rolebinding")
 router.register("accounts", ServiceAccountViewSet, basename="account")
 router.register("tokens", OwnTokenViewSet, basename="token")
 

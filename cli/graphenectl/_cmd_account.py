@@ -159,7 +159,8 @@ def account_create(
 ) -> None:
     """Create a service account: a user of its own (no password, not staff) for a program.
 
-    Then issue it a token with `graphenectl account token NAME`. Needs a superuser.
+    Then issue it a token with `graphenectl account token NAME`, and bind it a role as any user.
+    Needs `create accounts` in the namespace (the admin role there).
     """
     body = {"name": _checked(name, what="name"), "description": description}
     account = session.client().request("POST", "accounts/", params=_ns(namespace), body=body).body

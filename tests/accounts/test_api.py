@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts import services
 from apps.accounts.models import AccessToken, ServiceAccount
+from tests import factories
 from tests.factories import api_token
 
 pytestmark = pytest.mark.django_db
@@ -298,6 +299,11 @@ def test_a_deleted_accounts_token_that_escaped_revocation_is_still_refused(admin
 
 
 def test_namespaces_keep_names_apart(admin: APIClient) -> None:
+    missing = admin.post("/api/v1/accounts/?namespace=team-a", {"name": "ci"}, format="json")
+    assert missing.status_code == 404
+    assert "graphenectl namespace create team-a" in missing.json()["detail"]
+    factories.bind_namespace("team-a")
+    factories.bind_namespace("team-b")
     assert admin.post("/api/v1/accounts/?namespace=team-a", {"name": "ci"}, format="json").status_code == 201
     assert admin.post("/api/v1/accounts/?namespace=team-b", {"name": "ci"}, format="json").status_code == 201
     assert admin.post("/api/v1/accounts/?namespace=team-a", {"name": "ci"}, format="json").status_code == 409
@@ -332,6 +338,37 @@ def test_a_bad_account_request_names_its_field_and_creates_nothing(
     assert refused.status_code == 400, refused.content
     assert field in refused.json()["fields"], refused.json()
     assert not ServiceAccount.objects.exists()
+
+
+def test_a_namespace_admin_manages_the_accounts_of_its_namespace_only(admin: APIClient, django_user_model: Any) -> None:
+    """Service accounts are the access module's ``accounts``: the ``admin`` role grants them in
+    the namespace it is bound in; a developer gets none; a user's own tokens need no role."""
+    factories.bind_namespace("team-a")
+    admin.post("/api/v1/accounts/", {"name": "ci"}, format="json")
+    ann = django_user_model.objects.create_user(username="ann", password="pw")
+    factories.bind(ann, "admin", "team-a")
+    dev = django_user_model.objects.create_user(username="dev", password="pw")
+    factories.bind(dev, "developer", "team-a")
+    as_ann, as_dev = client(api_token(ann)), client(api_token(dev))
+
+    assert as_ann.post("/api/v1/accounts/?namespace=team-a", {"name": "deployer"}, format="json").status_code == 201
+    key = as_ann.post("/api/v1/accounts/deployer/tokens/?namespace=team-a", {}, format="json").json()["key"]
+    assert whoami(key).json()["username"] == "system:serviceaccount:team-a:deployer"
+    assert [a["name"] for a in as_ann.get("/api/v1/accounts/?namespace=team-a").json()["results"]] == ["deployer"]
+    refused = as_ann.get("/api/v1/accounts/")  # the default namespace's: not hers
+    assert refused.status_code == 403
+    assert "may not list accounts in namespace 'default'" in refused.json()["detail"]
+    assert as_ann.post("/api/v1/accounts/ci/tokens/", {}, format="json").status_code == 403
+    assert as_ann.delete("/api/v1/accounts/ci/tokens/").status_code == 403
+
+    for method, path in (
+        ("get", "/api/v1/accounts/?namespace=team-a"),
+        ("post", "/api/v1/accounts/deployer/tokens/?namespace=team-a"),
+        ("delete", "/api/v1/accounts/deployer/?namespace=team-a"),
+    ):
+        assert getattr(as_dev, method)(path, format="json").status_code == 403, (method, path)
+    assert as_dev.post("/api/v1/tokens/", {"comment": "mine"}, format="json").status_code == 201
+    assert whoami(key).status_code == 200  # nothing the developer tried went through
 
 
 def test_graphene_token_refuses_a_service_accounts_user(root: Any) -> None:

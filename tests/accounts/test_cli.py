@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from apps.accounts.models import AccessToken, ServiceAccount
+from tests import factories
 from tests.factories import api_token
 from tests.harness.embedded import Ctl
 from tests.harness.net import http
@@ -33,6 +34,7 @@ def whoami(web: WebServer, key: str) -> tuple[int, Any]:
 
 
 def test_a_service_account_for_ci_from_creation_to_deletion(ctl: Ctl, web: WebServer) -> None:
+    factories.bind_namespace("team-a")
     created = ctl.ok("account", "create", "ci", "--description", "github actions", "-o", "json").json()
     assert created["username"] == "system:serviceaccount:default:ci"
     assert "service account team-a/deploy created" in ctl.ok("account", "create", "deploy", "-n", "team-a").err
@@ -105,7 +107,7 @@ def test_refusals_exit_with_their_codes_and_change_nothing(ctl: Ctl, django_user
     plain = django_user_model.objects.create_user(username="plain", password="pw")
     forbidden = ctl("account", "list", env={"GRAPHENE_TOKEN": api_token(plain)})
     assert forbidden.code == 1
-    assert "needs a superuser" in forbidden.err
+    assert "plain may not list accounts in namespace 'default'" in forbidden.err
     assert not AccessToken.objects.filter(user__service_account__isnull=False).exists()
 
 

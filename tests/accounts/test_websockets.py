@@ -19,6 +19,7 @@ from websockets.typing import Origin
 from apps.accounts import services
 from apps.accounts.models import AccessToken
 from apps.core.events import publish_on_commit
+from tests import factories
 from tests.factories import api_token
 from tests.harness.net import http
 from tests.harness.web import WebServer
@@ -57,15 +58,19 @@ def ending(ws: ClientConnection, timeout: float = PROMPTLY) -> tuple[dict[str, A
     return error, ws.close_code, time.monotonic() - began
 
 
-def still_open(ws: ClientConnection, group: str = "runs") -> bool:
-    """A hint sent to the socket's group reaches it: it is open and served."""
+def still_open(ws: ClientConnection, group: str = "runs.default") -> bool:
+    """A hint sent to the socket's group (a viewer of the default namespace joins its groups)
+    reaches it: it is open and served."""
     publish_on_commit(group, {"event": "run.updated", "id": "probe"})
     return bool(json.loads(ws.recv(timeout=PROMPTLY))["id"] == "probe")
 
 
 @pytest.fixture
 def alice(django_user_model: Any) -> Any:
-    return django_user_model.objects.create_user(username="alice", password="pw")
+    """A viewer: she may watch runs and records."""
+    user = django_user_model.objects.create_user(username="alice", password="pw")
+    factories.bind(user, "viewer")
+    return user
 
 
 def test_a_token_that_does_not_authenticate_is_refused_with_its_reason(web: WebServer, alice: Any) -> None:
@@ -90,7 +95,7 @@ def test_revoking_a_token_closes_the_websockets_it_opened_at_once(web: WebServer
     records = open_socket(web, doomed, "ws/records/")
     kept = open_socket(web, other)
     assert still_open(runs)
-    assert still_open(records, "records")
+    assert still_open(records, "records.default")
 
     # Revoked over REST, with the other token: the web server tells the sockets of this one.
     token_id = str(AccessToken.objects.get(user=alice, comment="doomed").pk)
@@ -110,6 +115,7 @@ def test_revoking_a_token_closes_the_websockets_it_opened_at_once(web: WebServer
 
 def test_deleting_a_service_account_closes_its_websockets(web: WebServer, alice: Any) -> None:
     account = services.service_account_create(name="watcher")
+    factories.bind(account.user, "viewer")  # it gets rights as any user does
     key = services.service_account_token_issue(account=account).key
     ws = open_socket(web, key)
     assert still_open(ws)

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 
 from apps.agents import services
 from apps.agents.models import AgentCommand
 from apps.records.models import Record
+from tests import factories
 from tests.agents.sshd import SSHServer
-from tests.factories import api_token
 from tests.harness.agents import AgentProcess
 from tests.harness.wait import wait_for
 from tests.harness.web import WebServer
@@ -81,8 +80,8 @@ def agents(web: WebServer, stand: Record, tmp_path: Path) -> Iterator[Callable[.
 def operator(django_user_model: Any) -> str:
     """An API token of a user allowed to run commands on agents."""
     user = django_user_model.objects.create_user(username="operator", password="pw")
-    user.user_permissions.add(Permission.objects.get(codename="add_agentcommand", content_type__app_label="agents"))
-    return api_token(user)
+    factories.bind(user, "developer")
+    return factories.api_token(user)
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
+from tests import factories
 from tests.conftest import Worker, wait_for
-from tests.factories import api_token
 from tests.harness.net import fetch
 from tests.harness.web import WebServer
 
@@ -65,7 +65,8 @@ def test_a_generated_client_starts_a_run_and_reads_it_back(
     web: WebServer, workers: list[Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     user = get_user_model().objects.create_user(username="generated", password="pw")
-    token = api_token(user)
+    factories.bind(user, "developer")
+    token = factories.api_token(user)
     status, raw = fetch(f"{web.url}/api/schema/?format=json", token=token)
     assert status == 200, raw[:300]
     generate(json.loads(raw), tmp_path)

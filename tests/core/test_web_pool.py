@@ -31,7 +31,6 @@ from apps.observability.services import log_write_lines
 from apps.pipelines.models import Run
 from apps.records.models import Record
 from tests import factories
-from tests.factories import api_token
 from tests.harness.net import http, opener
 from tests.harness.processes import REPO, process_env, purge_queue
 from tests.harness.wait import wait_for
@@ -85,7 +84,8 @@ class Connections:
 @pytest.fixture
 def token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="operator", password="pw")
-    return api_token(user)
+    factories.bind(user, "developer")
+    return factories.api_token(user)
 
 
 def _web(tmp_path: Path, **env: str) -> Iterator[ProductionWeb]:

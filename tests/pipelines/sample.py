@@ -150,6 +150,13 @@ def _noop() -> None:
     return None
 
 
+@pipeline("sample.team-b", inputs=NoopInputs, namespace="team-b")
+def team_b(ctx: Context, inputs: NoopInputs) -> None:
+    """A pipeline of another namespace than the default one (the access tests)."""
+    for i in range(inputs.steps):
+        ctx.step(f"noop-{i}", _noop)
+
+
 class WaitInputs(BaseModel):
     create_ms: int = 0
     failures: int = 0

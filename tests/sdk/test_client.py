@@ -24,8 +24,8 @@ from graphene_sdk import (
 )
 
 from apps.observability.models import LogLine as StoredLine
+from tests import factories
 from tests.conftest import wait_for
-from tests.factories import api_token
 from tests.harness.web import WebServer
 from tests.pipelines.sample import ChatterInputs, ChatterOutput, chatter
 
@@ -35,7 +35,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="sdk", password="pw")
-    return api_token(user)
+    factories.bind(user, "developer")
+    return factories.api_token(user)
 
 
 @pytest.fixture

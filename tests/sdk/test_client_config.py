@@ -10,7 +10,7 @@ import pytest
 from graphene_sdk import Client, ClientError, ConfigError
 from graphene_sdk import config as graphene_config
 
-from tests.factories import api_token
+from tests import factories
 from tests.harness.embedded import Ctl
 from tests.harness.net import free_port
 from tests.harness.web import WebServer
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="sdk", password="pw")
-    return api_token(user)
+    factories.bind(user, "developer")
+    return factories.api_token(user)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from apps.accounts.models import AccessToken, ServiceAccount
 from apps.accounts.services import IssuedToken
 from apps.api.pagination import ByName, NewestFirst
 from apps.api.params import DoorChecks
+from apps.core import access
 
 NAMESPACE = OpenApiParameter(
     "namespace",
@@ -64,6 +65,20 @@ class ServiceAccountViewSet(DoorChecks, viewsets.GenericViewSet[Any]):  # lists 
     path_patterns = {"name": DNS_LABEL_PATTERN}
     path_ids = {"token_id": "token"}
 
+    # The access module's rules (apps/api/permissions.py); each action also asks
+    # ``selectors.account_authorize`` in the namespace it acts in.
+    access_resource = "accounts"
+    access_verbs = {
+        "list": "list",
+        "retrieve": "get",
+        "create": "create",
+        "destroy": "delete",
+        "tokens": "get",
+        "tokens_create": "update",
+        "tokens_revoke_all": "update",
+        "revoke_token": "update",
+    }
+
     @extend_schema(parameters=[NAMESPACE], responses=ServiceAccountOutput(many=True))
     def list(self, request: Request) -> Response:
         """The namespace's service accounts, deleted ones too (``disabled_at`` set)."""
@@ -76,6 +91,7 @@ class ServiceAccountViewSet(DoorChecks, viewsets.GenericViewSet[Any]):  # lists 
         """A new service account (409 if the name is taken, by a live or a deleted account)."""
         namespace = _namespace(request)
         selectors.account_authorize(user=request.user, verb="create", namespace=namespace)
+        access.namespace_check(namespace)
         data = ServiceAccountCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         account = services.service_account_create(
@@ -101,40 +117,40 @@ class ServiceAccountViewSet(DoorChecks, viewsets.GenericViewSet[Any]):  # lists 
         shown = selectors.service_account_get(user=request.user, name=name, namespace=namespace)
         return Response(ServiceAccountDeleteOutput({"account": shown, "revoked_tokens": revoked}).data)
 
-    @extend_schema(methods=["GET"], parameters=[NAMESPACE], responses=TokenOutput(many=True))
+    @extend_schema(parameters=[NAMESPACE], responses=TokenOutput(many=True))
+    @action(detail=True, methods=["get"], pagination_class=NewestFirst)
+    def tokens(self, request: Request, name: str) -> Response:
+        """The account's tokens, newest first (first characters, status, expiry; never a key)."""
+        account = selectors.service_account_get(user=request.user, name=name, namespace=_namespace(request))
+        page = self.paginate_queryset(selectors.service_account_token_list(user=request.user, account=account))
+        return self.get_paginated_response(TokenOutput(page, many=True).data)
+
+    @extend_schema(parameters=[NAMESPACE], request=TokenCreateInput, responses={201: IssuedTokenOutput})
+    @tokens.mapping.post
+    def tokens_create(self, request: Request, name: str) -> Response:
+        """A new token of the account: its key is in this answer only."""
+        namespace = _namespace(request)
+        account = selectors.service_account_get(user=request.user, name=name, namespace=namespace, verb="token.create")
+        data = TokenCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = services.service_account_token_issue(
+            account=account,
+            expires_in=_expires_in(data.validated_data),
+            comment=data.validated_data["comment"],
+            actor=request.user,
+        )
+        return _issued(issued)
+
     @extend_schema(
-        methods=["POST"], parameters=[NAMESPACE], request=TokenCreateInput, responses={201: IssuedTokenOutput}
-    )
-    @extend_schema(
-        methods=["DELETE"],
         parameters=[NAMESPACE],
         request=None,
         responses={200: RevokedCountOutput},
         operation_id="v1_accounts_tokens_revoke_all",
     )
-    @action(detail=True, methods=["get", "post", "delete"], pagination_class=NewestFirst)
-    def tokens(self, request: Request, name: str) -> Response:
-        """GET: the account's tokens (newest first). POST: a new token, its key in this answer
-        only. DELETE: revoke all of them at once."""
+    @tokens.mapping.delete
+    def tokens_revoke_all(self, request: Request, name: str) -> Response:
+        """Revoke every token of the account at once (their websockets close)."""
         namespace = _namespace(request)
-        if request.method == "GET":
-            account = selectors.service_account_get(user=request.user, name=name, namespace=namespace)
-            tokens = selectors.service_account_token_list(user=request.user, account=account)
-            page = self.paginate_queryset(tokens)
-            return self.get_paginated_response(TokenOutput(page, many=True).data)
-        if request.method == "POST":
-            account = selectors.service_account_get(
-                user=request.user, name=name, namespace=namespace, verb="token.create"
-            )
-            data = TokenCreateInput(data=request.data)
-            data.is_valid(raise_exception=True)
-            issued = services.service_account_token_issue(
-                account=account,
-                expires_in=_expires_in(data.validated_data),
-                comment=data.validated_data["comment"],
-                actor=request.user,
-            )
-            return _issued(issued)
         account = selectors.service_account_get(user=request.user, name=name, namespace=namespace, verb="token.revoke")
         revoked = services.access_tokens_revoke_all(user=account.user, actor=request.user, reason="revoked")
         return Response(RevokedCountOutput({"revoked_tokens": revoked}).data)
@@ -162,6 +178,10 @@ class OwnTokenViewSet(DoorChecks, viewsets.GenericViewSet[AccessToken]):
     pagination_class = NewestFirst
     queryset = AccessToken.objects.none()
     path_ids = {"pk": "token"}
+
+    # A caller's own tokens belong to no namespace: every signed-in caller, and the selectors
+    # narrow to its own tokens (``selectors.account_authorize``, the ``own.*`` verbs).
+    access_narrowed = ("list", "retrieve", "create", "destroy")
 
     @extend_schema(responses=TokenOutput(many=True))
     def list(self, request: Request) -> Response:

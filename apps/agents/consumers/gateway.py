@@ -45,6 +45,9 @@ class ProtocolError(Exception):
 class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-ignore]  # channels is untyped
     record_id: uuid.UUID | None = None
     session: uuid.UUID | None = None
+    # Agents are actors of their own: each authenticates with its credential (or a single-use
+    # bootstrap token) in its first message and acts only as itself, on its own commands.
+    access_rule = "agent-credential"
 
     async def connect(self) -> None:
         self.record_id = None

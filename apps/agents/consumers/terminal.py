@@ -21,7 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.agents import selectors, services
 from apps.agents.consumers.gateway import channel_send
-from apps.core import validation
+from apps.core import access, validation
 from apps.core.errors import NotFound, ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -86,11 +86,8 @@ def _terminal_target(user: Any, agent_id: str) -> tuple[Any, str]:
         record = selectors.agent_get(user=user, agent_id=agent_id)
     except NotFound as exc:
         raise TerminalRefused(CLOSE_NOT_FOUND, exc.detail) from None
-    if not selectors.agent_can_open_terminal(user=user):
-        detail = (
-            f"{user.get_username()} may not open a terminal on agent {record.name}: "
-            f"that needs the {selectors.TERMINAL_PERMISSION} permission"
-        )
+    if not selectors.agent_can_open_terminal(user=user, agent=record):
+        detail = access.denial(user, "open_terminal", "agents", record.namespace).detail
         services.terminal_refused(record_id=record.pk, user=user, why="permission", message=detail)
         raise TerminalRefused(CLOSE_FORBIDDEN, detail)
     connection = selectors.agent_connection(record=record)
@@ -102,7 +99,8 @@ def _terminal_target(user: Any, agent_id: str) -> tuple[Any, str]:
 
 
 class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-ignore]  # channels is untyped
-    """``ws/agents/<id>/pty/``: a terminal on the agent's machine, for a user with ``agents.open_terminal``.
+    """``ws/agents/<id>/pty/``: a terminal on the agent's machine, for a user who may
+    ``open_terminal`` agents in its namespace.
 
     Authenticated by the session cookie (the Studio) or ``Authorization: Token <key>``
     (graphenectl). Query parameters: ``cols`` and ``rows`` (default 80x24), ``term`` (``TERM``,
@@ -120,6 +118,8 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused
     agent is not connected or did not start the terminal). Refusals and terminals are events
     on the agent record (``TerminalRefused``, ``TerminalOpened``, ``TerminalClosed``).
     """
+
+    access_rule = ("open_terminal", "agents")  # read by tests/access
 
     async def connect(self) -> None:
         self.pty_session = uuid.uuid4().hex

@@ -23,6 +23,7 @@ from graphene_sdk import (
 )
 from graphene_sdk import Pipeline as Definition
 
+from apps.core import access
 from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.engine.execution import Execution
@@ -98,7 +99,8 @@ def run_execute(*, run_id: Any) -> None:
     heartbeat.start()
     try:
         try:
-            value = definition.fn(Context(execution), inputs)
+            with access.acting_in(run.namespace):  # secrets and the like are read in the run's namespace
+                value = definition.fn(Context(execution), inputs)
             if journal.divergence is not None:
                 raise journal.divergence
             extra = journal.leftover()

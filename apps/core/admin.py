@@ -1,0 +1,123 @@
+"""The Studio's model pages ask the access module, as every other door does.
+
+``AccessAdmin`` replaces Django's model permissions on a read-only ModelAdmin: the page is
+reachable by whoever may ``get`` its resource in some namespace, and its rows are narrowed to
+the namespaces where they may (``access_namespace_field`` names the row's namespace).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from apps.core import access
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:  # the stubs' generic is not subscriptable at run time
+    _ModelAdmin = admin.ModelAdmin
+
+
+class AccessAdmin(_ModelAdmin):
+    """Read-only model pages whose rows are what the access module lets the user read."""
+
+    access_resource = "records"
+    access_namespace_field = "namespace"
+
+    def _namespace_of(self, obj: Any) -> str | None:
+        value: Any = obj
+        for part in self.access_namespace_field.split("__"):
+            value = getattr(value, part, None)
+        return value if isinstance(value, str) else None
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return access.grants(request.user).anywhere("get", self.access_resource)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is None:
+            return access.grants(request.user).anywhere("get", self.access_resource)
+        return access.may(request.user, "get", self.access_resource, self._namespace_of(obj))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        qs = super().get_queryset(request)
+        return access.scope(qs, request.user, "get", self.access_resource, field=self.access_namespace_field)
+
+
+def _users_rule(request: HttpRequest, verb: str) -> bool:
+    return access.may(request.user, verb, "users", None)
+
+
+class UserAccessAdmin(UserAdmin):
+    """People and service accounts' users: an installation-wide resource (``users``), managed
+    by whoever a binding in ``*`` lets; Django's model permissions play no part."""
+
+    access_resource = "users"
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _users_rule(request, "get")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "get")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _users_rule(request, "create")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "update")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "delete")
+
+
+class GroupAccessAdmin(GroupAdmin):
+    """Groups (bindings may name one): the same rule as users."""
+
+    access_resource = "users"
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _users_rule(request, "get")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "get")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _users_rule(request, "create")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "update")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "delete")
+
+
+def _token_proxy() -> Any:
+    """DRF's token page, when its app is installed: tokens are managed through the API and
+    graphenectl, never a form that would show a key."""
+    try:
+        from rest_framework.authtoken.models import TokenProxy
+    except (ImportError, RuntimeError):
+        return None
+    return TokenProxy
+
+
+if (_proxy := _token_proxy()) is not None and admin.site.is_registered(_proxy):
+    admin.site.unregister(_proxy)
+
+for _model, _admin in ((User, UserAccessAdmin), (Group, GroupAccessAdmin)):
+    if admin.site.is_registered(_model):
+        admin.site.unregister(_model)
+    admin.site.register(_model, _admin)
