@@ -53,6 +53,9 @@ def test_declare_returns_install_data_and_stores_only_digests(stand: Record) -> 
 def test_list_shows_connection_state_and_facts_within_a_query_budget(operator: APIClient, stand: Record) -> None:
     for i in range(5):
         services.agent_declare(owner=stand, name=f"agent-{i}")
+    # A token's first request in a minute also records its use (apps/accounts): the budget is
+    # what a list costs a client that keeps using its token.
+    assert operator.get("/api/v1/whoami/").status_code == 200
     with CaptureQueriesContext(connection) as queries:
         response = operator.get("/api/v1/agents/")
     assert response.status_code == 200
