@@ -14,7 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphenectl import __version__
@@ -34,6 +34,7 @@ class TokenRefused(CliError):
 class Response:
     status: int
     body: Any
+    headers: Mapping[str, str] = field(default_factory=dict)  # names lowercased
 
 
 @dataclass(frozen=True)
@@ -115,12 +116,14 @@ class Client:
         params: Params | None = None,
         body: Any = None,
         timeout: float | None = None,
+        extra_headers: dict[str, str] | None = None,
     ) -> Response:
         url = self.url(path, params)
         headers = {
             "Accept": "application/json",
             "Authorization": f"Token {self.token}",
             "User-Agent": f"graphenectl/{__version__}",
+            **(extra_headers or {}),
         }
         data = None
         if body is not None:
@@ -129,7 +132,11 @@ class Client:
         req = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http(s) only
         try:
             with self._opener.open(req, timeout=timeout or self.timeout) as resp:
-                return Response(resp.status, self._decode(resp.read(), url, resp.status))
+                return Response(
+                    resp.status,
+                    self._decode(resp.read(), url, resp.status),
+                    {k.lower(): v for k, v in resp.headers.items()},
+                )
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             raise self._http_error(exc.code, raw, url) from None
@@ -236,7 +243,9 @@ class Client:
         if status == 400:
             return CliError(detail or "invalid request", exit_code=EXIT_USAGE, fields=fields)
         if status >= 500:
-            return CliError(f"server error (HTTP {status}) at {self.server}: {detail}; try again or check its log")
+            return CliError(
+                f"server error (HTTP {status}) at {self.server}: {detail}; try again or check its log", retryable=True
+            )
         return CliError(f"{detail} (HTTP {status}, {body.get('error', 'error')})", fields=fields)
 
     def _unreachable(self, exc: BaseException) -> CliError:
@@ -251,5 +260,6 @@ class Client:
             why = str(reason)
         return CliError(
             f"cannot reach the Graphene server at {self.server} ({why}): is it running? "
-            f"Check where this points with `graphenectl ctx show`, or point it elsewhere with `{LOGIN_HINT}`"
+            f"Check where this points with `graphenectl ctx show`, or point it elsewhere with `{LOGIN_HINT}`",
+            retryable=True,
         )

@@ -21,6 +21,7 @@ from graphene_sdk._http import Transport
 from graphene_sdk._models import RunEvent, RunInfo
 from graphene_sdk._pipeline import InputT, OutputT, Pipeline
 from graphene_sdk._resources import Artifacts, Logs, Records, Runs, Stands
+from graphene_sdk._retry import IDEMPOTENCY_HEADER, new_idempotency_key, retrying
 
 R = TypeVar("R")
 
@@ -90,19 +91,37 @@ class Client:
 
     # --- runs: start with typed inputs, and the shortcuts of ``runs`` -------------------------
 
-    def start(self, pipeline: Pipeline[InputT, OutputT], inputs: InputT) -> RunHandle[OutputT]:
+    def start(
+        self, pipeline: Pipeline[InputT, OutputT], inputs: InputT, *, idempotency_key: str | None = None
+    ) -> RunHandle[OutputT]:
         """Start a run of ``pipeline`` with typed ``inputs``; the server validates them again
-        (``ClientError`` 400 with per-field messages)."""
+        (``ClientError`` 400 with per-field messages).
+
+        Safe to retry: the start carries an idempotency key (``idempotency_key``, e.g. a CI
+        build id so that a re-run job never starts twice; a fresh one per call otherwise), and
+        connection errors, timeouts and 5xx answers are retried with backoff under that key:
+        a start the server made but whose answer was lost is answered again, never repeated.
+        """
         if not isinstance(inputs, pipeline.inputs):
             raise TypeError(f"{pipeline.name} takes {pipeline.inputs.__name__}, not {type(inputs).__name__}")
-        body = {"inputs": inputs.model_dump(mode="json")}
-        data = self._transport.post(f"pipelines/{urllib.parse.quote(pipeline.name)}/runs/", body)
+        data = self._start(pipeline.name, inputs.model_dump(mode="json"), idempotency_key)
         return RunHandle(self, str(data["id"]), pipeline.output)
 
-    def start_by_name(self, name: str, inputs: dict[str, Any]) -> RunHandle[Any]:
-        """Start a run of the pipeline called ``name`` with inputs as JSON values."""
-        data = self._transport.post(f"pipelines/{urllib.parse.quote(name)}/runs/", {"inputs": inputs})
+    def start_by_name(self, name: str, inputs: dict[str, Any], *, idempotency_key: str | None = None) -> RunHandle[Any]:
+        """Start a run of the pipeline called ``name`` with inputs as JSON values (retried as
+        ``start`` is)."""
+        data = self._start(name, inputs, idempotency_key)
         return RunHandle(self, str(data["id"]), None)
+
+    def _start(self, name: str, inputs: Any, idempotency_key: str | None) -> Any:
+        key = idempotency_key or new_idempotency_key()
+        path = f"pipelines/{urllib.parse.quote(name)}/runs/"
+        return retrying(
+            lambda: self._transport.request(
+                "POST", path, body={"inputs": inputs}, extra_headers={IDEMPOTENCY_HEADER: key}
+            ),
+            retryable=_retryable,
+        )
 
     def get(self, run_id: str) -> RunInfo:
         """``runs.get``: the run with its journal."""
@@ -162,3 +181,9 @@ class RunHandle(Generic[R]):
             outputs: R = info.outputs
             return outputs
         return self._output.model_validate(info.outputs)  # type: ignore[return-value]
+
+
+def _retryable(exc: Exception) -> bool:
+    """Worth another try with the same key: the server was not reached, did not answer in
+    time, or failed (5xx); a 4xx says the request itself is wrong."""
+    return isinstance(exc, ClientError) and (exc.status == 0 or exc.status >= 500)

@@ -94,10 +94,18 @@ class Transport:
     def headers(self, accept: str = "application/json") -> dict[str, str]:
         return {"Accept": accept, "Authorization": f"Token {self.token}", "User-Agent": USER_AGENT}
 
-    def request(self, method: str, path: str, *, params: Params | None = None, body: Any = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Any = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> Any:
         """The decoded JSON answer (None for an empty one)."""
         url = self.url(path, params)
-        headers = self.headers()
+        headers = {**self.headers(), **(extra_headers or {})}
         data = None
         if body is not None:
             refuse_unsendable(body, method, path)
