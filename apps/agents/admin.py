@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString
 from apps.agents import selectors, services
 from apps.agents.models import Agent, AgentCommand, AgentToken
 from apps.core.errors import NotFound
+from apps.core.security import csp_relax
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]
@@ -109,7 +110,11 @@ class AgentAdmin(ReadOnly):
             # The breadcrumbs link the agent's pages only for those who may see them.
             "has_view_permission": state is not None and self.has_view_permission(request, state),
         }
-        return TemplateResponse(request, "admin/agents/agent/terminal.html", context)
+        response = TemplateResponse(request, "admin/agents/agent/terminal.html", context)
+        # xterm.js's DOM renderer writes <style> elements and style= attributes of its own (cell
+        # sizes and colours measured and computed in the browser: no hash or nonce can name
+        # them). Inline styles are allowed on this page only; scripts stay 'self' alone.
+        return csp_relax(response, "style-src", "'unsafe-inline'")
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None

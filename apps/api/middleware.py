@@ -29,8 +29,9 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
 
 
 class ApiDoorMiddleware:
-    """First in ``MIDDLEWARE``: it refuses before sessions, CSRF or a view read anything, and
-    sees every answer last. Serves sync and async stacks alike (no thread hop under ASGI)."""
+    """Early in ``MIDDLEWARE`` (only the security headers' come before it): it refuses before
+    sessions, CSRF or a view read anything, and sees every answer after them. Serves sync and
+    async stacks alike (no thread hop under ASGI)."""
 
     sync_capable = True
     async_capable = True
@@ -57,3 +58,4 @@ class ApiDoorMiddleware:
         get_response: Callable[[HttpRequest], Awaitable[HttpResponse]] = self.get_response
         response = await get_response(request)
         return as_json_error(response) if is_api(request) else response
+

@@ -73,8 +73,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: refuses a path or query PostgreSQL cannot store, and gives every error under /api/
-    # the API's JSON shape, whatever made it (apps/api/middleware.py).
+    # First: the security headers and the Content-Security-Policy on every answer, the ones the
+    # next middleware rewrites included (apps/core/security.py).
+    "apps.core.security.SecurityHeadersMiddleware",
+    # Refuses a path or query PostgreSQL cannot store, and gives every error under /api/ the
+    # API's JSON shape, whatever made it (apps/api/middleware.py).
     "apps.api.middleware.ApiDoorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -86,6 +89,14 @@ MIDDLEWARE = [
     # A view that waited the pool's timeout for a database connection answers 503 (the web's pool).
     "apps.core.middleware.DatabaseBusyMiddleware",
 ]
+
+# --- Security headers (apps/core/security.py) ----------------------------------------------------
+# Django's defaults, stated: every answer carries them (static files too). HSTS is set in
+# production (prod.py) and sent on secure requests only.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "graphene_project.urls"
 # Under /api/ a failed CSRF check answers in the API's JSON error shape (the Studio's stays HTML).
