@@ -150,6 +150,23 @@ def secret_refs_resolve(value: Any, *, namespace: str = DEFAULT_NAMESPACE) -> An
     return value
 
 
+def secret_refs_values(value: Any, *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """The values of the secrets ``value`` references (e.g. a container's ``env``), for
+    ``secrets_mask``: what a program given them printed. A missing one is left out: the program
+    was never given it."""
+    name = secret_ref_name(value)
+    if name is not None:
+        try:
+            return [secret_resolve(name=name, namespace=namespace)]
+        except NotFound:
+            return []
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in secret_refs_values(item, namespace=namespace)]
+    if isinstance(value, list):
+        return [found for item in value for found in secret_refs_values(item, namespace=namespace)]
+    return []
+
+
 # --- masking what a program printed ------------------------------------------------------------
 
 MASK = "***"
