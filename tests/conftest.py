@@ -15,6 +15,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from tests import factories
 from tests.harness.browser import chromium_driver
 from tests.harness.driver import Driver
 from tests.harness.embedded import Ctl, Server
@@ -263,7 +264,10 @@ def ctl(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Ctl:
 
 @pytest.fixture
 def user(django_user_model: Any) -> Any:
-    return django_user_model.objects.create_user(username="alice", password="pw")
+    """A developer in the default namespace."""
+    alice = django_user_model.objects.create_user(username="alice", password="pw")
+    factories.bind(alice, "developer")
+    return alice
 
 
 @pytest.fixture
@@ -272,6 +276,28 @@ def api(user: Any) -> APIClient:
     token = Token.objects.create(user=user)
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     return client
+
+
+def _client_of(user: Any) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+@pytest.fixture
+def viewer_api(django_user_model: Any) -> APIClient:
+    """A viewer in the default namespace: reads, changes nothing."""
+    viewer = django_user_model.objects.create_user(username="vera", password="pw")
+    factories.bind(viewer, "viewer")
+    return _client_of(viewer)
+
+
+@pytest.fixture
+def admin_api(django_user_model: Any) -> APIClient:
+    """An admin of every namespace (a binding in ``*``, not a superuser)."""
+    admin = django_user_model.objects.create_user(username="root-ops", password="pw")
+    factories.bind(admin, "admin", "*")
+    return _client_of(admin)
 
 
 @pytest.fixture

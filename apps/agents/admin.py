@@ -7,7 +7,7 @@ is xterm.js on the terminal websocket (``ws/agents/<id>/pty/``, ``AgentTerminalC
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -20,24 +20,15 @@ from django.utils.safestring import SafeString
 
 from apps.agents import selectors, services
 from apps.agents.models import Agent, AgentCommand, AgentToken
+from apps.core import access
+from apps.core.admin import AccessAdmin
 from apps.core.errors import NotFound
 from apps.core.security import csp_relax
-
-if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[Any]
-else:  # the stubs' generic is not subscriptable at run time
-    _ModelAdmin = admin.ModelAdmin
+from apps.records.models import Record
 
 
-class ReadOnly(_ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+class ReadOnly(AccessAdmin):
+    access_resource = "agents"
 
 
 @admin.register(Agent)
@@ -59,17 +50,20 @@ class AgentAdmin(ReadOnly):
     search_fields = ["record__name", "=record__id", "peer"]
     list_select_related = ["record"]
     actions = ["revoke_credentials"]
+    access_namespace_field = "record__namespace"
 
     @admin.action(description="Revoke credentials (the agent must be bootstrapped again)", permissions=["revoke"])
     def revoke_credentials(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
         for state in queryset.select_related("record"):
+            access.require(request.user, "update", "agents", state.record.namespace)
             services.agent_credentials_revoke(record=state.record, reason=f"revoked by {request.user}")
         messages.success(request, f"revoked the credentials of {queryset.count()} agent(s)")
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:
         # Revoking is the one change the Studio makes to an agent, through its service; the
         # connection state itself (session, peer, channel) is the gateway's alone: no form edits it.
-        return bool(request.user.has_perm("agents.change_agent"))
+        # The action acts on rows of the (namespace-narrowed) list: each is checked again.
+        return access.grants(request.user).anywhere("update", "agents")
 
     # --- the terminal page ------------------------------------------------------------------------
 
@@ -91,14 +85,14 @@ class AgentAdmin(ReadOnly):
 
         It only renders: the page's websocket opens the terminal, and the gateway records it
         (``TerminalOpened``/``TerminalClosed``, or ``TerminalRefused``). Staff only (the admin
-        site's own check), and ``agents.open_terminal`` as for the websocket.
+        site's own check), and ``open_terminal`` on agents in its namespace, as for the websocket.
         """
-        if not selectors.agent_can_open_terminal(user=request.user):
-            raise PermissionDenied(f"a terminal needs the {selectors.TERMINAL_PERMISSION} permission")
         try:
             record = selectors.agent_get(user=request.user, agent_id=record_id)
         except NotFound as exc:
             raise Http404(exc.detail) from None
+        if not selectors.agent_can_open_terminal(user=request.user, agent=record):
+            raise PermissionDenied(access.denial(request.user, "open_terminal", "agents", record.namespace).detail)
         state = selectors.agent_state(record=record)
         context = {
             **self.admin_site.each_context(request),
@@ -124,13 +118,14 @@ class AgentAdmin(ReadOnly):
             record_id = uuid.UUID(object_id)
         except ValueError:  # no such agent: the admin answers that
             record_id = None
-        if record_id is not None and selectors.agent_can_open_terminal(user=request.user):
+        record = Record.objects.filter(pk=record_id).first() if record_id is not None else None
+        if record is not None and selectors.agent_can_open_terminal(user=request.user, agent=record):
             extra_context["terminal_url"] = self._terminal_url(record_id)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def get_list_display(self, request: HttpRequest) -> Any:
         columns = list(super().get_list_display(request))
-        if selectors.agent_can_open_terminal(user=request.user):
+        if access.grants(request.user).anywhere("open_terminal", "agents"):
             columns.append("terminal")
         return columns
 
@@ -146,6 +141,7 @@ class AgentTokenAdmin(ReadOnly):
     search_fields = ["=agent__id", "agent__name", "prefix"]
     exclude = ["digest"]
     list_select_related = ["agent"]
+    access_namespace_field = "agent__namespace"
 
 
 @admin.register(AgentCommand)
@@ -155,13 +151,15 @@ class AgentCommandAdmin(ReadOnly):
     search_fields = ["=id", "=agent__id", "agent__name"]
     list_select_related = ["agent"]
     actions = ["cancel"]
+    access_namespace_field = "agent__namespace"
 
     @admin.action(description="Cancel (kills the process on the agent)", permissions=["cancel"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[AgentCommand]) -> None:
-        for command in queryset:
+        for command in queryset.select_related("agent"):
+            access.require(request.user, "exec", "agents", command.agent.namespace)
             services.command_cancel(command=command, actor=request.user)
         messages.success(request, f"asked to cancel {queryset.count()} command(s)")
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         # The same right the REST API asks for to cancel a command (running commands on machines).
-        return selectors.agent_can_run_commands(user=request.user)
+        return access.grants(request.user).anywhere("exec", "agents")

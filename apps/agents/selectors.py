@@ -11,15 +11,12 @@ from django.db.models.functions import Coalesce
 from apps.agents.choices import OPEN
 from apps.agents.models import Agent, AgentCapability, AgentCommand
 from apps.agents.services import AGENT_KIND
+from apps.core import access
 from apps.core.errors import NotFound, ValidationFailed
 from apps.core.selectors import get_by_uuid
 from apps.records.choices import Phase
 from apps.records.models import Record
 from apps.records.selectors import User, filter_labels, record_visible
-
-COMMAND_EXEC_PERMISSION = "agents.add_agentcommand"
-ENROLL_PERMISSION = "agents.add_agent"
-TERMINAL_PERMISSION = "agents.open_terminal"
 
 
 def agent_list(
@@ -27,7 +24,7 @@ def agent_list(
 ) -> QuerySet[Record]:
     """Agent records the user may see, with their connection state (one query, no N+1)."""
     qs = (
-        record_visible(user=user)
+        record_visible(user=user, resource="agents")
         .filter(kind=AGENT_KIND)
         .select_related("agent_state")
         .prefetch_related("agent_capabilities")
@@ -64,7 +61,7 @@ def agent_board(*, user: User) -> list[Record]:
 def agent_connection_counts(*, user: User) -> dict[str, int]:
     """Live agents by connection: ``connected``, ``lost`` (away past the grace period) and
     ``disconnected`` (away for less; may come back at once). One aggregate."""
-    live = record_visible(user=user).filter(kind=AGENT_KIND).exclude(phase=Phase.DELETED)
+    live = record_visible(user=user, resource="agents").filter(kind=AGENT_KIND).exclude(phase=Phase.DELETED)
     counts = Agent.objects.filter(record__in=live).aggregate(
         connected=Count("pk", filter=Q(session__isnull=False)),
         lost=Count("pk", filter=Q(session__isnull=True, lost_at__isnull=False)),
@@ -89,22 +86,14 @@ def agent_is_connected(*, record: Record) -> bool:
     return Agent.objects.filter(pk=record.pk, session__isnull=False).exists()
 
 
-def agent_can_run_commands(*, user: User) -> bool:
-    """Running commands on machines is a separate right from seeing them."""
-    has_perm = getattr(user, "has_perm", None)  # AbstractBaseUser alone has no permissions
-    return bool(user.is_authenticated and has_perm is not None and has_perm(COMMAND_EXEC_PERMISSION))
+def agent_can_run_commands(*, user: User, agent: Record) -> bool:
+    """Running commands on machines is a separate right from seeing them (verb ``exec``)."""
+    return access.may(user, "exec", "agents", agent.namespace)
 
 
-def agent_can_enroll(*, user: User) -> bool:
-    """Declaring an agent and issuing its install token enrolls a machine: its own right."""
-    has_perm = getattr(user, "has_perm", None)
-    return bool(user.is_authenticated and has_perm is not None and has_perm(ENROLL_PERMISSION))
-
-
-def agent_can_open_terminal(*, user: User) -> bool:
-    """A terminal is a shell on the machine: its own right, not implied by running commands."""
-    has_perm = getattr(user, "has_perm", None)
-    return bool(user.is_authenticated and has_perm is not None and has_perm(TERMINAL_PERMISSION))
+def agent_can_open_terminal(*, user: User, agent: Record) -> bool:
+    """A terminal is a shell on the machine: its own right (``open_terminal``), not implied by ``exec``."""
+    return access.may(user, "open_terminal", "agents", agent.namespace)
 
 
 def agent_connection(*, record: Record) -> Agent | None:

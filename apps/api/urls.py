@@ -4,6 +4,7 @@ from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from apps.agents.api.views import AgentViewSet
+from apps.api.access_views import BindingViewSet, NamespaceViewSet, RoleViewSet
 from apps.api.views import WhoAmI
 from apps.artifacts.api.views import ArtifactViewSet
 from apps.pipelines.api.stands import StandViewSet
@@ -21,5 +22,8 @@ router.register("stands", StandViewSet, basename="stand")
 router.register("agents", AgentViewSet, basename="agent")
 router.register("secrets", SecretViewSet, basename="secret")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
+router.register("namespaces", NamespaceViewSet, basename="namespace")
+router.register("roles", RoleViewSet, basename="role")
+router.register("rolebindings", BindingViewSet, basename="rolebinding")
 
 urlpatterns = [path("whoami/", WhoAmI.as_view(), name="whoami"), *router.urls]

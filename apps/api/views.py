@@ -14,6 +14,8 @@ import graphene_project
 class WhoAmI(APIView):
     """Who the token belongs to, and which server answered."""
 
+    access_public = True  # every signed-in caller may ask who they are
+
     @extend_schema(
         responses=inline_serializer(
             "WhoAmI",

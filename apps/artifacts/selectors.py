@@ -55,7 +55,7 @@ def artifact_list(
 
 
 def artifacts_visible(*, user: User) -> QuerySet[Record]:
-    return record_visible(user=user).filter(kind=KIND)
+    return record_visible(user=user, resource="artifacts").filter(kind=KIND)
 
 
 def artifact_get(*, user: User, artifact_id: Any, among: QuerySet[Record] | None = None) -> Record:

@@ -8,7 +8,9 @@ from typing import Any, TypeVar
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Model, QuerySet
 
+from apps.core import access
 from apps.core.errors import NotFound
+from apps.core.models import Namespace, Role, RoleBinding
 
 M = TypeVar("M", bound=Model)
 
@@ -23,3 +25,43 @@ def get_by_uuid(queryset: QuerySet[M], raw_id: Any, *, noun: str) -> M:
         return queryset.get(pk=pk)
     except ObjectDoesNotExist:
         raise NotFound(f"no {noun} {raw_id}") from None
+
+
+def namespace_list(*, user: Any) -> QuerySet[Namespace]:
+    """The namespaces ``user`` holds a binding in (all of them with a binding in ``*``)."""
+    bound = access.grants(user).bound_namespaces()
+    qs = Namespace.objects.select_related("created_by")
+    return qs if bound is None else qs.filter(name__in=sorted(bound))
+
+
+def namespace_get(*, user: Any, name: str) -> Namespace:
+    found = namespace_list(user=user).filter(name=name).first()
+    if found is None:
+        raise NotFound(f"no namespace {name!r}")
+    return found
+
+
+def role_list() -> QuerySet[Role]:
+    return Role.objects.all()
+
+
+def role_get(*, name: str) -> Role:
+    found = Role.objects.filter(name=name).first()
+    if found is None:
+        raise NotFound(f"no role {name!r} (roles: {', '.join(Role.objects.values_list('name', flat=True))})")
+    return found
+
+
+def binding_list(*, user: Any, namespace: str | None = None, subject: str | None = None) -> QuerySet[RoleBinding]:
+    """Bindings in the namespaces where ``user`` may list bindings, and their own anywhere."""
+    from django.db.models import Q
+
+    allowed = access.visible_namespaces(user, "list", "rolebindings")
+    qs = RoleBinding.objects.select_related("role", "user", "group", "created_by")
+    if allowed is not None:
+        qs = qs.filter(Q(namespace__in=sorted(allowed)) | Q(user_id=user.pk))
+    if namespace:
+        qs = qs.filter(namespace=namespace)
+    if subject:
+        qs = qs.filter(user__username=subject)
+    return qs

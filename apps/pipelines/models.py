@@ -17,6 +17,7 @@ class Pipeline(TimeStampedModel):
     """A pipeline definition as last loaded from code: name, schemas, policies."""
 
     name = models.CharField(max_length=200, unique=True)
+    namespace = models.CharField(max_length=63, default="default", db_index=True)
     source = models.CharField(max_length=400, help_text="module:function")
     description = models.TextField(blank=True)
     input_schema = models.JSONField(default=dict)
@@ -42,6 +43,8 @@ class Run(TimeStampedModel):
         "records.Record", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False
     )
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    # The pipeline's namespace when the run started (kept here: lists filter on it).
+    namespace = models.CharField(max_length=63, default="default", db_index=True)
     inputs = models.JSONField(default=dict)
     outputs = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)

@@ -13,6 +13,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import RowNumber
 
 from apps.agents.models import AgentCommand
+from apps.core import access
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
 from apps.observability.models import SpanStatus
@@ -30,7 +31,7 @@ User = AbstractBaseUser | AnonymousUser
 def run_visible(*, user: User) -> QuerySet[Run]:
     if not user.is_authenticated:
         return Run.objects.none()
-    return Run.objects.select_related("pipeline")
+    return access.scope(Run.objects.select_related("pipeline"), user, "get", "runs")
 
 
 def run_get(*, user: User, run_id: Any) -> Run:
@@ -47,10 +48,13 @@ def run_list(
     finished_after: datetime | None = None,
     search: str | None = None,
     parent: str | None = None,
+    namespace: str | None = None,
 ) -> QuerySet[Run]:
     """Runs the user may see. ``search``: a run id, or ``pipeline#number``; ``parent``: the
     child runs of that run (a run id)."""
     qs = run_visible(user=user)
+    if namespace:
+        qs = qs.filter(namespace=namespace)
     if parent:
         try:
             qs = qs.filter(parent_run_id=uuid.UUID(str(parent)))
@@ -199,8 +203,11 @@ def pipeline_get(*, name: str) -> Pipeline | None:
     return Pipeline.objects.filter(name=name).first()
 
 
-def pipeline_list() -> QuerySet[Pipeline]:
-    return Pipeline.objects.filter(is_loaded=True).order_by("name")
+def pipeline_list(*, user: User) -> QuerySet[Pipeline]:
+    """Loaded pipelines in the namespaces where ``user`` may read pipelines."""
+    if not user.is_authenticated:
+        return Pipeline.objects.none()
+    return access.scope(Pipeline.objects.filter(is_loaded=True), user, "get", "pipelines").order_by("name")
 
 
 # --- stands ------------------------------------------------------------------------------------
@@ -217,13 +224,17 @@ class StandSummary:
 
 
 def _stands(*, user: User) -> QuerySet[Record]:
-    return record_visible(user=user).filter(kind="graphene.stand", parent__isnull=True).exclude(phase=Phase.DELETED)
+    return (
+        record_visible(user=user, resource="stands")
+        .filter(kind="graphene.stand", parent__isnull=True)
+        .exclude(phase=Phase.DELETED)
+    )
 
 
 def stand_list(*, user: User) -> list[StandSummary]:
     """The live stands of loaded pipelines, by name, with how much each holds."""
     stands = list(_stands(user=user).order_by("name"))
-    known = {p.name for p in pipeline_list()}
+    known = {p.name for p in pipeline_list(user=user)}
     live = record_visible(user=user).filter(tree_id__in=[s.tree_id for s in stands]).exclude(phase=Phase.DELETED)
     # order_by(): the tree manager orders by (tree_id, lft), which would group by record, not by tree.
     live = live.order_by()
@@ -238,7 +249,7 @@ def stand_list(*, user: User) -> list[StandSummary]:
 
 def stand_find(*, user: User, pipeline: str) -> Record | None:
     """The pipeline's stand (the one ``services.stand_get`` gives), or None if it has none yet."""
-    return _stands(user=user).filter(namespace="default", name=pipeline).first()
+    return _stands(user=user).filter(name=pipeline).order_by("namespace").first()
 
 
 def stand_holdings_expiring(*, user: User, before: datetime) -> int:

@@ -7,35 +7,25 @@ through the services, as over the API. Events are listed read-only."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 
+from apps.core.admin import AccessAdmin
 from apps.records.models import Event, Record
-
-if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[Any]
-else:  # the stubs' generic is not subscriptable at run time
-    _ModelAdmin = admin.ModelAdmin
 
 
 @admin.register(Record)
-class RecordAdmin(_ModelAdmin):
+class RecordAdmin(AccessAdmin):
     """Routes the model's admin URLs to the Studio's record pages. Reaching them takes the
     admin's view permission on records, as the stock pages did; each action then makes the
     API's own check (``record_get``) and calls the API's service."""
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # records are declared through the API, SDK or CLI
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # no form edits a record: the Studio's actions call services
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # deletion goes through the cascade (the Studio's delete page), never a raw row delete
+    # No stock add, change or delete (AccessAdmin's): records are declared through the API, SDK
+    # or CLI, no form edits one, and deletion goes through the cascade (the Studio's delete page).
 
     def get_urls(self) -> list[URLPattern]:
         from apps.studio.views import records as pages
@@ -63,17 +53,9 @@ class RecordAdmin(_ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(AccessAdmin):
     list_display = ["created_at", "record", "type", "reason", "message"]
     list_filter = ["type"]
     search_fields = ["=record__id", "reason", "message"]
     list_select_related = ["record"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+    access_namespace_field = "record__namespace"

@@ -10,25 +10,45 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.api.params import log_filter_params, log_start_params
-from apps.core import validation
+from apps.core import access, validation
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import log_batches, log_rows, log_start
 from apps.records.selectors import record_get
+from apps.records.services import records_group
+
+
+def _watch_groups(user: Any, resource: str, group_of: Any) -> list[str]:
+    """The groups a watcher of ``resource`` joins: all namespaces' or each allowed one's."""
+    namespaces = access.visible_namespaces(user, "watch", resource)
+    if namespaces is None:
+        return [group_of(None)]
+    return [group_of(ns) for ns in sorted(namespaces)]
 
 
 class RecordsConsumer(AsyncJsonWebsocketConsumer):
-    group = "records"
+    """``ws/records/``: ``records.changed`` hints for the records the user may watch: the group
+    of every namespace's hints, or one group per namespace the access module allows. 4401 without
+    credentials, 4403 with none allowed."""
+
+    groups_joined: list[str]
 
     async def connect(self) -> None:
+        self.groups_joined = []
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.groups_joined = await database_sync_to_async(_watch_groups)(user, "records", records_group)
+        if not self.groups_joined:
+            await self.close(code=4403)
+            return
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(self.group, self.channel_name)
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def graphene_notify(self, message: dict[str, Any]) -> None:
         await self.send_json({k: v for k, v in message.items() if k != "type"})

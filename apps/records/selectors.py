@@ -1,6 +1,5 @@
-"""Reads of records and events. Every read goes through ``record_visible``, the one place
-that decides what a user may see (all authenticated users see all records for now;
-namespaces will narrow it here and nowhere else)."""
+"""Reads of records and events. Every read goes through ``record_visible``, which narrows to
+the namespaces where the access module lets the user read records."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Count, F, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
+from apps.core import access
 from apps.core.db import is_postgresql
 from apps.core.errors import ValidationFailed
 from apps.core.selectors import get_by_uuid
@@ -21,10 +21,11 @@ from apps.records.models import Event, Record
 User = AbstractBaseUser | AnonymousUser
 
 
-def record_visible(*, user: User) -> QuerySet[Record]:
+def record_visible(*, user: User, resource: str = "records") -> QuerySet[Record]:
+    """The records ``user`` may read (as ``resource``: agents and artifacts are records too)."""
     if not user.is_authenticated:
         return Record.objects.none()
-    return Record.objects.all()
+    return access.scope(Record.objects.all(), user, "get", resource)
 
 
 def record_get(*, user: User, record_id: Any) -> Record:
@@ -66,8 +67,11 @@ def record_list(
     updated_after: datetime | None = None,
     updated_before: datetime | None = None,
     include_deleted: bool = True,
+    namespace: str | None = None,
 ) -> QuerySet[Record]:
     qs = record_visible(user=user)
+    if namespace:
+        qs = qs.filter(namespace=namespace)
     if kind:
         qs = qs.filter(kind=kind)
     if phases:

@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.core import access
+from apps.core.admin import AccessAdmin
 from apps.secrets.models import Secret
-
-if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[Any]
-else:  # the stubs' generic is not subscriptable at run time
-    _ModelAdmin = admin.ModelAdmin
 
 
 @admin.register(Secret)
-class SecretAdmin(_ModelAdmin):
+class SecretAdmin(AccessAdmin):
+    access_resource = "secrets"
+
     list_display = ["name", "namespace", "key_id", "created_at", "updated_at", "created_by", "updated_by"]
     list_filter = ["namespace"]
     search_fields = ["name"]
     # The ciphertext is not shown either: it is of no use to a reader and need not travel.
     fields = ("name", "namespace", "key_id", "created_at", "updated_at", "created_by", "updated_by")
-    readonly_fields = fields
+    readonly_fields = fields  # no writes here: they go through services.secret_delete and co. (the API)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return access.grants(request.user).anywhere("read_secret_names", "secrets")
 
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is None:
+            return self.has_module_permission(request)
+        return access.may(request.user, "read_secret_names", "secrets", obj.namespace)
 
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # deletes go through services.secret_delete (the API), like every write
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return access.scope(Secret.objects.all(), request.user, "read_secret_names", "secrets")

@@ -7,12 +7,13 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.auth import REDIRECT_FIELD_NAME
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from apps.core import throttle
+from apps.core import access, throttle
 
 
 class StudioSite(admin.AdminSite):
@@ -22,24 +23,43 @@ class StudioSite(admin.AdminSite):
     # The Studio's own navigation (runs, pipelines, records, ...) replaces the model list.
     enable_nav_sidebar = False
 
+    def has_permission(self, request: HttpRequest) -> bool:
+        """Staff, or anyone a role binding grants something: what they then see and may do is
+        the access module's to say, page by page (apps/core/access.py)."""
+        user = request.user
+        if not (user.is_active and user.is_authenticated):
+            return False
+        grants = access.grants(user)
+        return bool(user.is_staff or grants.superuser or grants.everywhere or grants.by_namespace)
+
     def get_urls(self) -> list[URLResolver | URLPattern]:
         from apps.studio.views import agents, artifacts, pipelines, runs, stands, topology
 
-        def page(route: str, view: Any, name: str) -> URLPattern:
-            return path(route, self.admin_view(view), name=name, kwargs={"site": self})
+        def page(route: str, view: Any, name: str, verb: str, resource: str) -> URLPattern:
+            """A Studio page reachable by whoever may ``verb`` ``resource`` in some namespace;
+            what it shows is narrowed by the selectors, and what it changes is checked again
+            by the services, with the object's namespace."""
+
+            def guarded(request: HttpRequest, **kwargs: Any) -> Any:
+                if not access.grants(request.user).anywhere(verb, resource):
+                    raise PermissionDenied(access.denial(request.user, verb, resource, None).detail)
+                return view(request, **kwargs)
+
+            guarded.access_rule = (verb, resource)  # type: ignore[attr-defined]  # read by tests/access
+            return path(route, self.admin_view(guarded), name=name, kwargs={"site": self})
 
         studio = [
-            page("runs/", runs.run_list, "studio_runs"),
-            page("runs/<uuid:run_id>/", runs.run_detail, "studio_run"),
-            page("runs/<uuid:run_id>/<str:action>/", runs.run_action, "studio_run_action"),
-            page("stands/", stands.stand_list, "studio_stands"),
-            page("pipelines/", pipelines.pipeline_list, "studio_pipelines"),
-            page("pipelines/<str:name>/", pipelines.pipeline_detail, "studio_pipeline"),
-            page("agents/", agents.agent_board, "studio_agents"),
-            page("artifacts/", artifacts.artifact_list, "studio_artifacts"),
-            page("artifacts/<uuid:artifact_id>/", artifacts.artifact_detail, "studio_artifact"),
-            page("topology/runs/<uuid:run_id>/", topology.run_topology, "studio_run_topology"),
-            page("topology/stands/<str:pipeline>/", topology.stand_topology, "studio_stand_topology"),
+            page("runs/", runs.run_list, "studio_runs", "list", "runs"),
+            page("runs/<uuid:run_id>/", runs.run_detail, "studio_run", "get", "runs"),
+            page("runs/<uuid:run_id>/<str:action>/", runs.run_action, "studio_run_action", "get", "runs"),
+            page("stands/", stands.stand_list, "studio_stands", "list", "stands"),
+            page("pipelines/", pipelines.pipeline_list, "studio_pipelines", "list", "pipelines"),
+            page("pipelines/<str:name>/", pipelines.pipeline_detail, "studio_pipeline", "get", "pipelines"),
+            page("agents/", agents.agent_board, "studio_agents", "list", "agents"),
+            page("artifacts/", artifacts.artifact_list, "studio_artifacts", "list", "artifacts"),
+            page("artifacts/<uuid:artifact_id>/", artifacts.artifact_detail, "studio_artifact", "get", "artifacts"),
+            page("topology/runs/<uuid:run_id>/", topology.run_topology, "studio_run_topology", "get", "runs"),
+            page("topology/stands/<str:pipeline>/", topology.stand_topology, "studio_stand_topology", "get", "stands"),
         ]
         return [*studio, *super().get_urls()]
 

@@ -45,6 +45,7 @@ class Pipeline(Generic[InputT, OutputT]):
     keep_on_failure: timedelta | None = None
     triggers: Sequence[Any] = field(default_factory=tuple)
     description: str = ""
+    namespace: str = "default"
 
     @property
     def source(self) -> str:
@@ -90,6 +91,7 @@ def pipeline(
     timeout: timedelta | None = None,
     keep_on_failure: timedelta | None = None,
     triggers: Sequence[Any] = (),
+    namespace: str = "default",
 ) -> Callable[[Callable[[Context, InputT], OutputT]], Pipeline[InputT, OutputT]]:
     """Declare ``fn(ctx, inputs) -> Output | None`` as the pipeline ``name``.
 
@@ -98,6 +100,8 @@ def pipeline(
     ``max_pending`` bounds the waiting line) or ``cancel_previous`` (a new run cancels the
     running one). ``timeout`` ends a run that takes longer. ``keep_on_failure`` hands what a
     failed run still owns to the pipeline's stand for that long, for debugging.
+    ``namespace``: where the pipeline, its runs, its stand and everything they declare live
+    (who may see and start it is decided by role bindings in that namespace).
     """
     if not name or not all(c.isalnum() or c in "-_." for c in name):
         raise ValueError(f"pipeline name {name!r}: use letters, digits, '-', '_' and '.'")
@@ -105,6 +109,8 @@ def pipeline(
         raise TypeError(f"pipeline {name!r}: inputs must be a pydantic BaseModel subclass")
     if concurrency not in ("parallel", "queue", "cancel_previous"):
         raise ValueError(f"pipeline {name!r}: concurrency must be parallel, queue or cancel_previous")
+    if not namespace or len(namespace) > 63 or not all(c.isalnum() or c == "-" for c in namespace):
+        raise ValueError(f"pipeline {name!r}: namespace {namespace!r}: use letters, digits and '-' (at most 63)")
     if max_pending is not None and (concurrency != "queue" or max_pending < 0):
         raise ValueError(f"pipeline {name!r}: max_pending is a non-negative bound for concurrency='queue'")
 
@@ -121,6 +127,7 @@ def pipeline(
             keep_on_failure=keep_on_failure,
             triggers=tuple(triggers),
             description=inspect.getdoc(fn) or "",
+            namespace=namespace,
         )
         if existing is not None and existing.source != definition.source:
             raise ValueError(f"pipeline {name!r} is defined twice: {existing.source} and {definition.source}")

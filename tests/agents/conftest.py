@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 
 from apps.agents import services
 from apps.agents.models import AgentCommand
 from apps.records.models import Record
+from tests import factories
 from tests.agents.sshd import SSHServer
 from tests.harness.agents import AgentProcess
 from tests.harness.wait import wait_for
@@ -81,7 +81,7 @@ def agents(web: WebServer, stand: Record, tmp_path: Path) -> Iterator[Callable[.
 def operator(django_user_model: Any) -> str:
     """An API token of a user allowed to run commands on agents."""
     user = django_user_model.objects.create_user(username="operator", password="pw")
-    user.user_permissions.add(Permission.objects.get(codename="add_agentcommand", content_type__app_label="agents"))
+    factories.bind(user, "developer")
     return Token.objects.create(user=user).key
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -15,6 +14,7 @@ from apps.agents.choices import CommandStatus
 from apps.agents.models import AgentCommand
 from apps.records.models import Record
 from apps.records.services import record_create_root
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +31,7 @@ def agent(stand: Record) -> Record:
 
 @pytest.fixture
 def operator(api: APIClient, user: Any) -> APIClient:
-    user.user_permissions.add(Permission.objects.get(codename="add_agentcommand", content_type__app_label="agents"))
+    """A developer (runs commands on agents)."""
     return api
 
 
@@ -109,10 +109,11 @@ def test_exec_needs_the_permission_and_queues_a_command(api: APIClient, operator
     assert list(malformed.json()["fields"]) == ["command_id"]
 
 
-def test_exec_without_the_permission_is_forbidden(api: APIClient, agent: Record) -> None:
-    response = api.post(f"/api/v1/agents/{agent.pk}/exec/", {"argv": ["id"]}, format="json")
+def test_exec_without_the_permission_is_forbidden(viewer_api: APIClient, agent: Record) -> None:
+    response = viewer_api.post(f"/api/v1/agents/{agent.pk}/exec/", {"argv": ["id"]}, format="json")
     assert response.status_code == 403
-    assert "add_agentcommand" in response.data["detail"]
+    assert "may not exec agents in namespace 'default'" in response.data["detail"]
+    assert not AgentCommand.objects.filter(agent=agent).exists()
 
 
 def test_commands_of_a_deleted_agent_are_refused_and_open_ones_end(agent: Record) -> None:
@@ -138,7 +139,7 @@ def test_payload_validation_of_file_commands(agent: Record) -> None:
 
 @pytest.fixture
 def enroller(api: APIClient, user: Any) -> APIClient:
-    user.user_permissions.add(Permission.objects.get(codename="add_agent", content_type__app_label="agents"))
+    factories.bind(user, "agent-installer")
     return api
 
 
@@ -182,10 +183,10 @@ def test_create_refuses_bad_input_and_changes_nothing(enroller: APIClient, body:
     assert not Record.objects.filter(kind="agent").exists()
 
 
-def test_create_needs_the_add_agent_permission(operator: APIClient) -> None:
+def test_create_needs_a_role_that_enrolls_agents(operator: APIClient) -> None:
     response = operator.post("/api/v1/agents/", {"name": "m1"}, format="json")
     assert response.status_code == 403
-    assert "agents.add_agent" in response.json()["detail"]
+    assert "may not create agents" in response.json()["detail"]
     assert not Record.objects.filter(kind="agent").exists()
     missing = "00000000-0000-4000-8000-000000000000"
     refused = operator.post("/api/v1/agents/", {"name": "m1", "owner": missing}, format="json")

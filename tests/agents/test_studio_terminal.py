@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.test import Client
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
@@ -21,6 +20,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from apps.agents import services
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
+from tests import factories
 from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
 from tests.harness.agents import AgentProcess
@@ -41,11 +41,11 @@ def change_path(record: Record) -> str:
     return f"/agents/agent/{record.pk}/change/"
 
 
-def staff_user(django_user_model: Any, username: str, *codenames: str, is_staff: bool = True) -> Any:
+def staff_user(django_user_model: Any, username: str, *roles: str, is_staff: bool = True) -> Any:
+    """A Studio user with ``roles`` bound in the default namespace."""
     user = django_user_model.objects.create_user(username=username, password=PASSWORD, is_staff=is_staff)
-    user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label__in=["agents", "records"], codename__in=codenames)
-    )
+    for role in roles:
+        factories.bind(user, role)
     return user
 
 
@@ -113,7 +113,7 @@ def test_a_shell_in_the_browser_from_the_agents_page_to_its_exit(
     agents: Agents, web: WebServer, chromium: WebDriver, django_user_model: Any
 ) -> None:
     record, _ = agents("studio-term")
-    staff_user(django_user_model, "ops", "open_terminal", "view_agent")
+    staff_user(django_user_model, "ops", "admin")
     wait_phase(record, Phase.READY)
     page = TerminalPage(chromium, web)
     page.log_in("ops", change_path(record))
@@ -153,7 +153,7 @@ def test_resizing_the_window_resizes_the_terminal_on_the_machine(
     agents: Agents, web: WebServer, chromium: WebDriver, django_user_model: Any
 ) -> None:
     record, _ = agents("studio-resize")
-    staff_user(django_user_model, "ops", "open_terminal")
+    staff_user(django_user_model, "ops", "admin")
     wait_phase(record, Phase.READY)
     page = TerminalPage(chromium, web)
     page.log_in("ops", terminal_path(record))
@@ -180,8 +180,8 @@ def test_without_the_permission_the_page_is_refused_and_not_linked(
     record = services.agent_record_declare(owner=stand, name="guarded", labels={})
     events_before = Event.objects.filter(record=record).count()
 
-    # Staff who may see agents, but not open terminals on them.
-    client.force_login(staff_user(django_user_model, "viewer", "view_agent"))
+    # A developer sees agents and runs commands on them, but may not open terminals.
+    client.force_login(staff_user(django_user_model, "viewer", "developer"))
     assert client.get(terminal_path(record)).status_code == 403
     change = client.get(change_path(record))
     assert change.status_code == 200
@@ -189,13 +189,13 @@ def test_without_the_permission_the_page_is_refused_and_not_linked(
     listing = client.get("/agents/agent/")
     assert listing.status_code == 200
     assert "/terminal/" not in listing.content.decode()
-    client.force_login(staff_user(django_user_model, "reader", "view_agent", "view_record"))
+    client.force_login(staff_user(django_user_model, "reader", "viewer"))
     own = client.get(f"/records/record/{record.pk}/change/")
     assert own.status_code == 200
     assert "/terminal/" not in own.content.decode(), "the record's page links it only with the permission"
 
-    # Not staff: the admin's login page, whatever the permissions.
-    client.force_login(staff_user(django_user_model, "outsider", "open_terminal", "view_agent", is_staff=False))
+    # Neither staff nor bound to any role: the Studio's login page.
+    client.force_login(staff_user(django_user_model, "outsider", is_staff=False))
     response = client.get(terminal_path(record))
     assert response.status_code == 302
     assert response["Location"].startswith("/login/")
@@ -204,7 +204,7 @@ def test_without_the_permission_the_page_is_refused_and_not_linked(
 
     # With it: linked from the agent's page, the list and its record's page; the page renders
     # and starts nothing.
-    client.force_login(staff_user(django_user_model, "ops", "open_terminal", "view_agent", "view_record"))
+    client.force_login(staff_user(django_user_model, "ops", "admin"))
     assert terminal_path(record) in client.get(change_path(record)).content.decode()
     assert terminal_path(record) in client.get("/agents/agent/").content.decode()
     assert terminal_path(record) in client.get(f"/records/record/{record.pk}/change/").content.decode()

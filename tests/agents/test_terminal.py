@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
+from apps.core import rbac
+from apps.core.models import Role
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
+from tests import factories
 from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
 from tests.harness.agents import AgentProcess
@@ -40,16 +42,22 @@ Agents = Callable[..., tuple[Record, AgentProcess]]
 
 @pytest.fixture
 def admin_token(django_user_model: Any) -> str:
-    """A superuser: has agents.open_terminal implicitly."""
+    """A superuser: may open terminals everywhere."""
     user = django_user_model.objects.create_superuser(username="root", password="pw")
     return Token.objects.create(user=user).key
 
 
 @pytest.fixture
 def terminal_token(django_user_model: Any) -> str:
-    """A plain user granted agents.open_terminal."""
+    """A plain user who may open terminals on agents of the default namespace (a custom role)."""
     user = django_user_model.objects.create_user(username="ops", password="pw")
-    user.user_permissions.add(Permission.objects.get(codename="open_terminal", content_type__app_label="agents"))
+    if not Role.objects.filter(name="terminal-user").exists():
+        rbac.role_create(
+            name="terminal-user",
+            rules=[{"verbs": ["get", "list", "watch", "open_terminal"], "resources": ["agents", "records"]}],
+            actor=None,
+        )
+    factories.bind(user, "terminal-user")
     return Token.objects.create(user=user).key
 
 
@@ -209,7 +217,7 @@ def test_a_user_without_the_permission_is_refused_and_the_refusal_is_an_event(
     message, code = refused(web, record.pk, operator)  # may run commands, but not open a terminal
     assert code == 4403
     assert message["type"] == "error"
-    assert "agents.open_terminal" in message["error"]
+    assert "may not open_terminal agents" in message["error"]
     [event] = terminal_events(record, "TerminalRefused")
     assert event.type == EventType.ERROR
     assert event.data == {"user": "operator", "why": "permission"}
@@ -292,7 +300,7 @@ def test_graphenectl_agent_shell_with_piped_input(
 
     denied = _ctl(web, operator, tmp_path, "agent", "shell", "ctl-shell", stdin="")
     assert denied.returncode == 1
-    assert "agents.open_terminal" in denied.stderr
+    assert "may not open_terminal agents" in denied.stderr
 
     missing = _ctl(web, terminal_token, tmp_path, "agent", "shell", "no-such-agent", stdin="")
     assert missing.returncode == 3

@@ -20,6 +20,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
+from tests import factories
 from tests.conftest import Worker, wait_for
 from tests.harness.net import fetch
 from tests.harness.web import WebServer
@@ -65,6 +66,7 @@ def test_a_generated_client_starts_a_run_and_reads_it_back(
     web: WebServer, workers: list[Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     user = get_user_model().objects.create_user(username="generated", password="pw")
+    factories.bind(user, "developer")
     token = Token.objects.create(user=user).key
     status, raw = fetch(f"{web.url}/api/schema/?format=json", token=token)
     assert status == 200, raw[:300]

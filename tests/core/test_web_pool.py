@@ -85,6 +85,7 @@ class Connections:
 @pytest.fixture
 def token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="operator", password="pw")
+    factories.bind(user, "developer")
     return Token.objects.create(user=user).key
 
 

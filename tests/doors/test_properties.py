@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.db import connection
 from graphene_sdk import validation as rules
 from graphenectl._cmd_run import check_inputs
@@ -458,7 +457,6 @@ def snapshot() -> dict[str, Any]:
 def world(web: WebServer, django_user_model: Any) -> Iterator[dict[str, str]]:
     """A token, and one of each thing the doors act on (committed: the server sees them)."""
     user = django_user_model.objects.create_superuser(username="doors", password="pw")
-    user.user_permissions.add(Permission.objects.get(codename="add_agentcommand", content_type__app_label="agents"))
     stand = pipelines.stand_get("sample.tree")
     other = records.record_create_root(kind="graphene.stand", name="doors-other")
     holding = records.record_declare(kind="test.sleep", name="held", owner=stand, spec={})

@@ -13,6 +13,7 @@ from apps.core.errors import Conflict
 from apps.pipelines import services
 from apps.pipelines.choices import RUN_TRANSITIONS, RunStatus
 from apps.pipelines.models import Run, RunEvent
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -74,6 +75,7 @@ def test_every_status_has_its_moves_and_succeeded_is_final() -> None:
 
 def test_who_cancelled_and_who_resumed_and_why_it_failed(user: Any, django_user_model: Any) -> None:
     bob = django_user_model.objects.create_user(username="bob", password="pw")
+    factories.bind(bob, "developer")
     run = services.run_start(pipeline_name="sample.wait", inputs={}, actor=user)
     services.run_cancel(run=run, actor=user)
     services.run_resume(run=run, actor=bob)

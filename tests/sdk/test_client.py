@@ -25,6 +25,7 @@ from graphene_sdk import (
 from rest_framework.authtoken.models import Token
 
 from apps.observability.models import LogLine as StoredLine
+from tests import factories
 from tests.conftest import wait_for
 from tests.harness.web import WebServer
 from tests.pipelines.sample import ChatterInputs, ChatterOutput, chatter
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="sdk", password="pw")
+    factories.bind(user, "developer")
     return str(Token.objects.create(user=user).key)
 
 

@@ -11,6 +11,7 @@ from graphene_sdk import Client, ClientError, ConfigError
 from graphene_sdk import config as graphene_config
 from rest_framework.authtoken.models import Token
 
+from tests import factories
 from tests.harness.embedded import Ctl
 from tests.harness.net import free_port
 from tests.harness.web import WebServer
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def token(django_user_model: Any) -> str:
     user = django_user_model.objects.create_user(username="sdk", password="pw")
+    factories.bind(user, "developer")
     return str(Token.objects.create(user=user).key)
 
 

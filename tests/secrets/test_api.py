@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from apps.secrets.models import Secret
 from apps.secrets.services import MAX_VALUE_BYTES, secret_resolve
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -19,9 +19,9 @@ VALUE = "-----BEGIN KEY-----\nc3VwZXItc2VjcmV0LXZhbHVlLTQyCg==\n-----END KEY----
 
 @pytest.fixture
 def keeper(django_user_model: Any) -> APIClient:
-    """A user with every permission on secrets."""
+    """A developer: stores, replaces and deletes secrets and lists their names."""
     user = django_user_model.objects.create_user(username="keeper", password="pw")
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="secrets"))
+    factories.bind(user, "developer")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client
@@ -105,7 +105,9 @@ def test_the_longest_name_and_the_largest_value_are_accepted(keeper: APIClient) 
     assert secret_resolve(name=name) == "é" * (MAX_VALUE_BYTES // 2)
 
 
-def test_secrets_need_their_own_permissions(api: APIClient, keeper: APIClient) -> None:
+def test_secrets_need_their_own_permissions(viewer_api: APIClient, keeper: APIClient) -> None:
+    """A viewer reads runs and records but not even the names of secrets."""
+    api = viewer_api
     keeper.post("/api/v1/secrets/", {"name": "deploy-key", "value": VALUE}, format="json")
     assert api.get("/api/v1/secrets/").status_code == 403
     assert api.get("/api/v1/secrets/deploy-key/").status_code == 403

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -19,6 +18,7 @@ from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.records import services as records
 from apps.studio import topology
+from tests import factories
 from tests.artifacts import pipelines  # noqa: F401 - registers the artifact pipelines in this process
 from tests.harness.driver import Driver
 from tests.pipelines.test_runs import driven, start
@@ -71,7 +71,7 @@ def test_no_form_edits_an_agent_and_revoking_needs_the_right(studio: Client, dja
     assert studio.get("/agents/agent/add/").status_code == 403
     # Viewing is not revoking: the action is offered only to those with the right.
     viewer = django_user_model.objects.create_user(username="viewer", password="pw", is_staff=True)
-    viewer.user_permissions.add(Permission.objects.get(codename="view_agent"))
+    factories.bind(viewer, "viewer")
     client = Client()
     client.force_login(viewer)
     listing = client.get("/agents/agent/").content.decode()

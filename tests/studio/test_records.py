@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -22,6 +21,7 @@ from apps.pipelines import services as pipelines
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Event, Record
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -299,7 +299,7 @@ def test_the_records_pages_take_the_admins_view_permission(django_user_model: An
         assert client.get(page).status_code == 403, page
     assert client.post(f"/records/record/{part.pk}/delete/").status_code == 403
     assert not Record.objects.filter(deletion_requested_at__isnull=False).exists()
-    staff.user_permissions.add(Permission.objects.get(codename="view_record"))
+    factories.bind(staff, "viewer")
     client.force_login(django_user_model.objects.get(pk=staff.pk))
     for page in pages:
         assert client.get(page).status_code == 200, page

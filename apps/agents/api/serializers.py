@@ -174,6 +174,9 @@ class AgentCreateInput(serializers.Serializer[Any]):
     owner = serializers.UUIDField(
         required=False, allow_null=True, help_text="the owning record's id (default: the stand root 'agents')"
     )
+    namespace = serializers.CharField(
+        max_length=63, required=False, default="default", help_text="where the agent lives (with no owner)"
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []

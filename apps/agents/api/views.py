@@ -9,7 +9,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -25,6 +24,8 @@ from apps.agents.choices import CommandKind, CommandStatus
 from apps.api import schema as api_schema
 from apps.api.pagination import NewestFirst
 from apps.api.params import DoorChecks
+from apps.api.permissions import request_namespace
+from apps.core import access
 from apps.core.errors import ValidationFailed
 from apps.records.models import Record
 from apps.records.selectors import parse_label_selector, record_get
@@ -43,18 +44,6 @@ def _bool_param(request: Request, name: str) -> bool | None:
     raise ValidationFailed(f"{name}={raw!r} must be true or false", fields={name: ["must be true or false"]})
 
 
-def _require_exec(request: Request) -> None:
-    if not selectors.agent_can_run_commands(user=request.user):
-        raise PermissionDenied(f"running commands on agents needs the {selectors.COMMAND_EXEC_PERMISSION} permission")
-
-
-def _require_enroll(request: Request) -> None:
-    if not selectors.agent_can_enroll(user=request.user):
-        raise PermissionDenied(
-            f"declaring an agent and issuing its install token needs the {selectors.ENROLL_PERMISSION} permission"
-        )
-
-
 class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
     """Agents (records of kind ``agent``) with their connection state, facts and commands."""
 
@@ -63,6 +52,16 @@ class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
     pagination_class = NewestFirst
     queryset = Record.objects.none()
     lookup_value_regex = "[^/]+"
+    access_resource = "agents"
+    access_verbs = {
+        "list": "list",
+        "create": "create",
+        "retrieve": "get",
+        "commands": "get",
+        "command": "get",
+        "cancel": "exec",
+        "exec": "exec",
+    }
 
     @extend_schema(
         parameters=[
@@ -77,6 +76,8 @@ class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
             connected=_bool_param(request, "connected"),
             labels=parse_label_selector(request.query_params.getlist("label")),
         )
+        if namespace := request_namespace(request):
+            qs = qs.filter(namespace=namespace)
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(AgentOutput(page, many=True).data)
 
@@ -85,12 +86,16 @@ class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
         """Declare an agent for a machine installed by hand or by cloud-init, and get its install
         data (201; 200 with a fresh token if it existed). The answer holds a single-use
         bootstrap token: it is not stored, logged or cached anywhere."""
-        _require_enroll(request)
         data = AgentCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
         owner = record_get(user=request.user, record_id=v["owner"]) if v.get("owner") else None
-        enrollment = services.agent_enroll(name=v["name"], labels=v["labels"], owner=owner, actor=request.user)
+        namespace = owner.namespace if owner is not None else v["namespace"]
+        access.require(request.user, "create", "agents", namespace)
+        access.namespace_check(namespace)
+        enrollment = services.agent_enroll(
+            name=v["name"], labels=v["labels"], owner=owner, namespace=namespace, actor=request.user
+        )
         body = AgentEnrollmentOutput(
             {
                 "agent": selectors.agent_get(user=request.user, agent_id=enrollment.record.pk),
@@ -132,7 +137,6 @@ class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
     def cancel(self, request: Request, pk: str, command_id: str) -> Response:
         agent = selectors.agent_get(user=request.user, agent_id=pk)
         command = selectors.command_get(agent=agent, command_id=command_id)
-        _require_exec(request)
         command = services.command_cancel(command=command, actor=request.user)
         return Response(CommandOutput(command).data, status=status.HTTP_202_ACCEPTED)
 
@@ -141,7 +145,6 @@ class AgentViewSet(DoorChecks, viewsets.GenericViewSet[Any]):
     def exec(self, request: Request, pk: str) -> Response:
         """Run a program on the machine. Answers at once with the command; poll it for the result."""
         agent = selectors.agent_get(user=request.user, agent_id=pk)
-        _require_exec(request)
         data = ExecInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data

@@ -21,7 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.agents import selectors, services
 from apps.agents.consumers.gateway import channel_send
-from apps.core import validation
+from apps.core import access, validation
 from apps.core.errors import NotFound, ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -86,11 +86,8 @@ def _terminal_target(user: Any, agent_id: str) -> tuple[Any, str]:
         record = selectors.agent_get(user=user, agent_id=agent_id)
     except NotFound as exc:
         raise TerminalRefused(CLOSE_NOT_FOUND, exc.detail) from None
-    if not selectors.agent_can_open_terminal(user=user):
-        detail = (
-            f"{user.get_username()} may not open a terminal on agent {record.name}: "
-            f"that needs the {selectors.TERMINAL_PERMISSION} permission"
-        )
+    if not selectors.agent_can_open_terminal(user=user, agent=record):
+        detail = access.denial(user, "open_terminal", "agents", record.namespace).detail
         services.terminal_refused(record_id=record.pk, user=user, why="permission", message=detail)
         raise TerminalRefused(CLOSE_FORBIDDEN, detail)
     connection = selectors.agent_connection(record=record)

@@ -26,7 +26,7 @@ from apps.agents.choices import IN_FLIGHT, OPEN, TERMINAL, TRANSITIONS, CommandK
 from apps.agents.models import Agent, AgentCommand, AgentToken
 from apps.agents.services.base import AGENT_KIND, IllegalCommandTransition, _fail, _now, agent_group
 from apps.agents.services.payloads import command_payload_validate
-from apps.core import domain
+from apps.core import access, domain
 from apps.core.errors import Conflict, GrapheneError
 from apps.core.events import publish_on_commit
 from apps.core.validation import storable_text
@@ -102,6 +102,7 @@ def command_submit(
     values masked (``secrets_mask``). For the pipelines' commands only: the right to
     run commands is not the right to read secrets, so the API never sets it.
     """
+    access.require_actor(actor, "exec", "agents", agent.namespace)
     if agent.kind != AGENT_KIND:
         raise _fail("agent", f"{agent} is not an agent record")
     if guarantee not in Guarantee.values:
@@ -143,6 +144,7 @@ def command_submit(
 
 def command_cancel(*, command: AgentCommand, actor: records.Actor = None) -> AgentCommand:
     """Cancel: a queued command never goes out; a sent or running one is killed on the agent."""
+    access.require_actor(actor, "exec", "agents", command.agent.namespace)
     with transaction.atomic():
         command = AgentCommand.objects.select_for_update(no_key=True).get(pk=command.pk)
         if command.status in TERMINAL:

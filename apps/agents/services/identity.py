@@ -120,19 +120,21 @@ def agent_enroll(
     name: str,
     labels: dict[str, str] | None = None,
     owner: Record | None = None,
+    namespace: str = "default",
     actor: records.Actor = None,
 ) -> AgentEnrollment:
     """Declare an agent for a machine that is installed by hand or by cloud-init (``agent_declare``)
     and return its install data: the install script and the same as ``#cloud-config``.
 
-    Without ``owner`` the record belongs to the stand root ``agents`` (made when first needed).
+    Without ``owner`` the record belongs to the stand root ``agents`` of ``namespace`` (made when
+    first needed); with one, it lives in the owner's namespace.
     Declaring it again returns the same record with a fresh bootstrap token. The token is only
     returned: no event, log line or journal entry holds it.
     """
     from apps.agents.install import render_cloud_config
 
     if owner is None:
-        owner = records.record_ensure_root(kind="graphene.stand", name=STANDALONE_OWNER)
+        owner = records.record_ensure_root(kind="graphene.stand", name=STANDALONE_OWNER, namespace=namespace)
     existed = Record.objects.filter(parent=owner, kind=AGENT_KIND, name=name).exclude(phase=Phase.DELETED).exists()
     install = agent_declare(owner=owner, name=name, labels=labels, actor=actor)
     expires_at = (

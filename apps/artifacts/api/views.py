@@ -32,9 +32,10 @@ from apps.api import schema as api_schema
 from apps.api.pagination import NewestFirst
 from apps.api.params import MAX_SECONDS, DoorChecks, bool_param, int_param, uuid_param
 from apps.api.parsers import MultiPartParser
+from apps.api.permissions import request_namespace
 from apps.artifacts import blobs, selectors, services
 from apps.artifacts.api.serializers import ArtifactOutput
-from apps.core import validation
+from apps.core import access, validation
 from apps.core.errors import ValidationFailed
 from apps.pipelines import selectors as run_selectors
 from apps.records import selectors as record_selectors
@@ -126,6 +127,8 @@ class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
     pagination_class = NewestFirst
     parser_classes = [MultiPartParser]  # a raw body is streamed by ``create`` itself
     queryset = Record.objects.none()
+    access_resource = "artifacts"
+    access_verbs = {"list": "list", "retrieve": "get", "create": "create", "content": "get"}
 
     @extend_schema(parameters=LIST_PARAMS, responses=ArtifactOutput(many=True))
     def list(self, request: Request) -> Response:
@@ -140,6 +143,8 @@ class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
             labels=record_selectors.parse_label_selector(params.getlist("label")),
             include_deleted=bool_param(params, "include_deleted"),
         )
+        if namespace := request_namespace(request):
+            qs = qs.filter(namespace=namespace)
         page = self.paginate_queryset(run_selectors.with_pipeline_name(qs))
         return self.get_paginated_response(ArtifactOutput(page, many=True, context={"request": request}).data)
 
@@ -173,6 +178,7 @@ class ArtifactViewSet(DoorChecks, viewsets.GenericViewSet[Record]):
             )
         owner_id = validation.parse_uuid(_one(options, "owner"), field="owner")
         owner = record_selectors.record_get(user=request.user, record_id=owner_id)
+        access.require(request.user, "create", "artifacts", owner.namespace)
         ttl = int_param({"ttl_seconds": _one(options, "ttl_seconds") or ""}, "ttl_seconds", 0, 1, MAX_SECONDS)
         labels = record_selectors.parse_label_selector([str(v) for v in options.get("label") or []])
         length = request.META.get("CONTENT_LENGTH") or ""

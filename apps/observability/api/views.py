@@ -67,6 +67,8 @@ class RecordMetricsView(DoorChecks, APIView):
     """A record's metric series in a window, aggregated per step."""
 
     path_ids = {"pk": "record"}
+    access_resource = "records"
+    access_verbs = {"get": "get"}
 
     @extend_schema(
         operation_id="records_metrics",
@@ -108,6 +110,8 @@ class RunTraceView(DoorChecks, APIView):
     """A run's trace: the span tree of its executions, steps, convergences, deletions and commands."""
 
     path_ids = {"pk": "run"}
+    access_resource = "runs"
+    access_verbs = {"get": "get"}
 
     @extend_schema(operation_id="runs_trace", responses=_TraceOutput)
     def get(self, request: Request, pk: str) -> Response:

@@ -13,6 +13,7 @@ class PipelineOutput(serializers.ModelSerializer):
         model = Pipeline
         fields = [
             "name",
+            "namespace",
             "description",
             "source",
             "input_schema",
@@ -61,6 +62,7 @@ class RunOutput(serializers.ModelSerializer):
         fields = [
             "id",
             "pipeline",
+            "namespace",
             "number",
             "status",
             "record",

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.params import MAX_SECONDS, DoorChecks, StrictInteger
+from apps.core import access
 from apps.pipelines import selectors, services
 from apps.records import services as records
 from apps.records.api.serializers import RecordOutput
@@ -63,12 +64,13 @@ StandDetail = inline_serializer(
 
 def _stand(request: Request, pipeline: str) -> Record | None:
     """The pipeline's stand, None if it has none yet (404 for a pipeline that is not loaded)."""
-    return selectors.stand_find(user=request.user, pipeline=services.definition_get(pipeline).name)
+    return selectors.stand_find(user=request.user, pipeline=services.definition_get(pipeline, user=request.user).name)
 
 
 def _holding(request: Request, pipeline: str, data: dict[str, Any]) -> Record:
-    name = services.definition_get(pipeline).name
-    return selectors.stand_holding(user=request.user, pipeline=name, record_id=data["record"])
+    definition = services.definition_get(pipeline, user=request.user)
+    access.require(request.user, "update", "stands", definition.namespace)
+    return selectors.stand_holding(user=request.user, pipeline=definition.name, record_id=data["record"])
 
 
 class StandViewSet(DoorChecks, viewsets.ViewSet):
@@ -76,6 +78,8 @@ class StandViewSet(DoorChecks, viewsets.ViewSet):
 
     lookup_field = "pipeline"
     lookup_value_regex = r"[A-Za-z0-9_.-]+"
+    access_resource = "stands"
+    access_verbs = {"list": "list", "retrieve": "get", "extend": "update", "release": "update"}
 
     @extend_schema(responses=StandSummary)
     def list(self, request: Request) -> Response:

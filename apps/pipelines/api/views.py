@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from apps.api import schema as api_schema
 from apps.api.pagination import ByName, NewestFirst, OldestFirstById
 from apps.api.params import DoorChecks, uuid_param
+from apps.api.permissions import request_namespace
 from apps.pipelines import selectors, services
 from apps.pipelines.api.serializers import (
     PipelineOutput,
@@ -38,6 +39,8 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
 
     serializer_class = PipelineOutput
     pagination_class = ByName
+    access_resource = "pipelines"
+    access_verbs = {"list": "list", "retrieve": "get", "start": ("start", "runs")}
     queryset = Pipeline.objects.none()
     lookup_field = "name"
     lookup_value_regex = r"[A-Za-z0-9_.-]+"
@@ -46,12 +49,15 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
     def list(self, request: Request) -> Response:
         """Every loaded pipeline, in name order, paged like every list."""
         services.pipelines_sync_all()
-        page = self.paginate_queryset(selectors.pipeline_list())
+        qs = selectors.pipeline_list(user=request.user)
+        if namespace := request_namespace(request):
+            qs = qs.filter(namespace=namespace)
+        page = self.paginate_queryset(qs)
         return self.get_paginated_response(PipelineOutput(page, many=True).data)
 
     @extend_schema(responses=PipelineOutput)
     def retrieve(self, request: Request, name: str) -> Response:
-        return Response(PipelineOutput(services.pipeline_sync(services.definition_get(name))).data)
+        return Response(PipelineOutput(services.pipeline_sync(services.definition_get(name, user=request.user))).data)
 
     @extend_schema(request=RunStartInput, responses={201: RunOutput})
     @action(detail=True, methods=["post"], url_path="runs")
@@ -69,6 +75,8 @@ class RunViewSet(DoorChecks, viewsets.GenericViewSet):
     path_ids = {"pk": "run"}
     serializer_class = RunOutput
     pagination_class = NewestFirst
+    access_resource = "runs"
+    access_verbs = {"list": "list", "retrieve": "get", "events": "get", "cancel": "cancel", "resume": "resume"}
     queryset = Run.objects.none()
 
     @extend_schema(
@@ -86,6 +94,7 @@ class RunViewSet(DoorChecks, viewsets.GenericViewSet):
             pipeline=request.query_params.get("pipeline"),
             statuses=statuses,
             parent=uuid_param(request.query_params, "parent", noun="run"),
+            namespace=request_namespace(request),
         ).select_related("pipeline", "parent_run__pipeline")
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(RunOutput(page, many=True).data)

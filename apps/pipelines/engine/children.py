@@ -109,7 +109,7 @@ class ChildCalls(ExecutionState):
                 record = artifacts.artifact_publish_for_run(
                     run_root=self.owner(None, run),
                     run_number=run.number,
-                    stand=services.stand_get(run.pipeline.name),
+                    stand=services.stand_get(run.pipeline.name, namespace=run.namespace),
                     name=name,
                     staged=staged,
                     content_type=content,

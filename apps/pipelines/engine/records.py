@@ -124,7 +124,7 @@ class RecordCalls(ExecutionState):
 
         def do(run: Run) -> dict[str, Any]:
             until = timezone.now() + timedelta(seconds=keep_for) if keep_for else None
-            stand = services.stand_get(run.pipeline.name)
+            stand = services.stand_get(run.pipeline.name, namespace=run.namespace)
             record = Record.objects.filter(pk=record_id).first()
             if record is not None and record.parent_id == stand.pk:
                 # Already handed over (by this run, before a replay): only the TTL changes.

@@ -14,8 +14,9 @@ from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 from graphene_sdk import registered
 
-from apps.core import validation
+from apps.core import access, validation
 from apps.core.errors import NotFound
+from apps.core.models import Namespace
 from apps.pipelines.models import Pipeline
 
 _load_lock = threading.Lock()
@@ -54,8 +55,12 @@ def pipelines_load() -> dict[str, Definition[Any, Any]]:
     return registered()
 
 
-def definition_get(name: str) -> Definition[Any, Any]:
+def definition_get(name: str, *, user: Any = None) -> Definition[Any, Any]:
+    """The loaded pipeline ``name``. With ``user``: only if they may see pipelines in its
+    namespace (else the same 404 as an unknown name, which lists only what they may see)."""
     loaded = pipelines_load()
+    if user is not None:
+        loaded = {n: d for n, d in loaded.items() if access.may(user, "get", "pipelines", d.namespace)}
     try:
         return loaded[name]
     except KeyError:
@@ -73,6 +78,7 @@ def _pipeline_fields(definition: Definition[Any, Any]) -> dict[str, Any]:
         "max_pending": definition.max_pending,
         "timeout_seconds": int(definition.timeout.total_seconds()) if definition.timeout else None,
         "is_loaded": True,
+        "namespace": definition.namespace,
     }
 
 
@@ -83,9 +89,14 @@ def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = No
     if row is None:
         row = Pipeline.objects.filter(name=definition.name).first()
     if row is None:
+        # A pipeline's code names its namespace: loading it brings the namespace into being
+        # (deploying pipeline code is an operator's act; who may see it is still bindings' to say).
+        Namespace.objects.get_or_create(name=definition.namespace)
         row, _ = Pipeline.objects.get_or_create(name=definition.name, defaults=fields)
         return row
     changed = {k: v for k, v in fields.items() if getattr(row, k) != v}
+    if "namespace" in changed:
+        Namespace.objects.get_or_create(name=definition.namespace)
     if changed:
         Pipeline.objects.filter(pk=row.pk).update(**changed, updated_at=timezone.now())
         for key, value in changed.items():

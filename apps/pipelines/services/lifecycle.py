@@ -171,9 +171,10 @@ def targets_settled(targets: Iterable[Any]) -> set[str]:
 # --- the end ----------------------------------------------------------------------------------
 
 
-def stand_get(pipeline_name: str) -> Record:
-    """The pipeline's stand: a root record that holds what runs hand over (created on demand)."""
-    return records.record_ensure_root(kind="graphene.stand", name=pipeline_name)
+def stand_get(pipeline_name: str, *, namespace: str = "default") -> Record:
+    """The pipeline's stand: a root record in the pipeline's namespace that holds what runs hand
+    over (created on demand)."""
+    return records.record_ensure_root(kind="graphene.stand", name=pipeline_name, namespace=namespace)
 
 
 def _hand_to_stand(run: Run, keep_for: timedelta) -> tuple[int, list[str]]:
@@ -182,7 +183,7 @@ def _hand_to_stand(run: Run, keep_for: timedelta) -> tuple[int, list[str]]:
     A part the stand cannot take (it already holds one of that kind and name, from an
     earlier run) is deleted with the run instead, and named in the returned list.
     """
-    stand = stand_get(run.pipeline.name)
+    stand = stand_get(run.pipeline.name, namespace=run.namespace)
     until = timezone.now() + keep_for
     kept, refused = 0, []
     for child in Record.objects.filter(parent_id=run.record_id).exclude(phase=Phase.DELETED).order_by("lft"):

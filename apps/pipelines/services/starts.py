@@ -9,6 +9,7 @@ from django.db.models import Max
 from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 
+from apps.core import access
 from apps.core.errors import Conflict
 from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Run, RunWait
@@ -39,13 +40,16 @@ def _create_run(
     group_index: int | None = None,
 ) -> Run:
     number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
-    root = records.record_create_root(kind="graphene.run", name=f"{row.name}#{number}", actor=actor)
+    root = records.record_create_root(
+        kind="graphene.run", name=f"{row.name}#{number}", namespace=row.namespace, actor=actor
+    )
     deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
     run = Run.objects.create(
         id=root.pk,
         pipeline=row,
         number=number,
         record=root,
+        namespace=row.namespace,
         inputs=inputs,
         status=status,
         deadline_at=deadline,
@@ -67,7 +71,10 @@ def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None) -> Run:
     ``queue``: the run waits its turn behind the active one (refused beyond ``max_pending``);
     ``cancel_previous``: active runs are cancelled (and cleaned up) first.
     """
-    definition = definition_get(pipeline_name)
+    definition = definition_get(pipeline_name, user=actor)
+    if actor is not None:
+        access.require(actor, "start", "runs", definition.namespace)
+    access.namespace_check(definition.namespace)
     clean = inputs_validate(definition, inputs)
     with transaction.atomic():
         row = pipeline_sync(definition)
@@ -102,6 +109,11 @@ def run_start_children(
 ) -> list[Run]:
     """Start the child runs of a ``run_all``: the first ``concurrency`` queued, the rest waiting."""
     definition = definition_get(pipeline_name)
+    if definition.namespace != parent.namespace:
+        raise access.AccessDenied(
+            f"run {parent} (namespace {parent.namespace!r}) may not start pipeline {pipeline_name!r} "
+            f"of namespace {definition.namespace!r}: runs start child runs only in their own namespace"
+        )
     clean = [inputs_validate(definition, item) for item in inputs]
     row = pipeline_sync(definition)
     row = Pipeline.objects.select_for_update().get(pk=row.pk)
@@ -122,6 +134,7 @@ def run_start_children(
 
 def run_cancel(*, run: Run, actor: Actor = None) -> Run:
     """Cancel: the run ends now and its tree is deleted; a worker still executing it is fenced off."""
+    access.require_actor(actor, "cancel", "runs", run.namespace)
     who = actor.get_username() if actor is not None and actor.is_authenticated else "system"
     run_finish(run=run, status=RunStatus.CANCELLED, error=f"cancelled by {who}", actor=actor)
     return Run.objects.get(pk=run.pk)
@@ -133,6 +146,7 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
     A suspended run is woken now. An ended run (not a successful one) gets a new root record
     if its old tree is gone, since what it owned was deleted when it ended.
     """
+    access.require_actor(actor, "resume", "runs", run.namespace)
     with transaction.atomic():
         run = run_lock(run.pk)
         if run.status == RunStatus.SUCCEEDED:

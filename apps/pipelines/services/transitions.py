@@ -40,6 +40,7 @@ def _publish(run: Run) -> None:
     payload = {"event": "run.changed", "id": str(run.pk), "status": run.status}
     publish_on_commit(f"run.{run.pk}", payload)
     publish_on_commit("runs", payload)
+    publish_on_commit(f"runs.{run.namespace}", payload)
 
 
 def run_enqueue_on_commit(run_id: Any, countdown: float = 0) -> None:

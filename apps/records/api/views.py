@@ -31,7 +31,8 @@ from apps.api.params import (
     log_start_params,
     uuid_param,
 )
-from apps.core import validation
+from apps.api.permissions import request_namespace
+from apps.core import access, validation
 from apps.core.db import release_pooled_connection
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import LOG_FIELDS, log_batches, log_output, log_rows, log_start
@@ -120,6 +121,20 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
     serializer_class = RecordOutput
     pagination_class = NewestFirst
     queryset = Record.objects.none()
+    access_resource = "records"
+    access_verbs = {
+        "list": "list",
+        "retrieve": "get",
+        "create": "create",
+        "destroy": "delete",
+        "tree": "get",
+        "events": "get",
+        "logs": "get",
+        "logs_stream": "watch",
+        "transfer": "update",
+        "extend": "update",
+        "release": "update",
+    }
 
     @extend_schema(parameters=LIST_PARAMS, responses=RecordOutput(many=True))
     def list(self, request: Request) -> Response:
@@ -139,6 +154,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
             created_before=datetime_param(request.query_params, "created_before"),
             updated_after=datetime_param(request.query_params, "updated_after"),
             updated_before=datetime_param(request.query_params, "updated_before"),
+            namespace=request_namespace(request),
         )
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(RecordOutput(page, many=True).data)
@@ -164,6 +180,8 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
                     fields={"kind": ["not creatable here"] if v["kind"] != "graphene.stand" else []}
                     | ({"owner": ["a stand has no owner"]} if v.get("owner") else {}),
                 )
+            access.require(request.user, "create", "stands", v["namespace"])
+            access.namespace_check(v["namespace"])
             record = services.record_create_root(
                 kind=v["kind"],
                 name=v["name"],
@@ -179,6 +197,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
                 fields={"owner": ["this field is required"]},
             )
         owner = selectors.record_get(user=request.user, record_id=validation.parse_uuid(v["owner"], field="owner"))
+        access.require(request.user, "create", "records", owner.namespace)
         before = (
             Record.objects.filter(parent=owner, kind=v["kind"], name=v["name"]).exclude(phase=Phase.DELETED).first()
         )
@@ -351,6 +370,7 @@ class KindViewSet(viewsets.ViewSet):
     """The kind dictionary: every installed kind with its spec JSON Schema."""
 
     lookup_value_regex = r"[^/]+"
+    access_public = True  # the kind dictionary is code, the same for everyone signed in
 
     @staticmethod
     def _out(kind: Any) -> dict[str, Any]:
@@ -379,9 +399,13 @@ class OrphanViewSet(DoorChecks, viewsets.GenericViewSet):
     pagination_class = OldestFirstById
     serializer_class = EventOutput
     queryset = Record.objects.none()
+    # The sweeper works across every namespace: its findings and its runs need bindings in all.
+    access_resource = "records"
+    access_verbs = {"list": "list", "sweep": "delete"}
 
     @extend_schema(responses=EventOutput(many=True))
     def list(self, request: Request) -> Response:
+        access.require(request.user, "list", "records", None)
         sweeper = services.record_ensure_root(kind="graphene.sweeper", name=services.SWEEPER_NAME)
         events = selectors.record_events(record=sweeper).filter(
             type__in=[EventType.ORPHAN_DELETED, EventType.ORPHAN_DELETE_FAILED]
@@ -397,6 +421,7 @@ class OrphanViewSet(DoorChecks, viewsets.GenericViewSet):
     @action(detail=False, methods=["post"])
     def sweep(self, request: Request) -> Response:
         """Run the sweeper now (it also runs every 10 minutes)."""
+        access.require(request.user, "delete", "records", None)
         dry_run = bool_param(request.query_params, "dry_run")
         findings = services.records_sweep(dry_run=dry_run)
         return Response({"dry_run": dry_run, "found": len(findings), "orphans": findings})

@@ -75,6 +75,7 @@ from apps.records.services.transitions import (
     operation_lock,
     record_event_write,
     record_transition,
+    records_group,
 )
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "record_transition",
     "record_wake",
     "records_expire",
+    "records_group",
     "records_observe",
     "records_observe_due",
     "records_purge",

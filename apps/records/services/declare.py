@@ -107,7 +107,7 @@ def record_create_root(
     )
     record.save(force_insert=True)  # a new root: mptt gives it the next tree id
     Event.objects.create(**_event_kwargs(record.pk, EventType.DECLARED, reason="Created", actor=actor))
-    _notify([record.pk])
+    _notify([record])
     return record
 
 
@@ -192,7 +192,7 @@ def record_declare(
                 at=now,
             )
         )
-        _notify([record.pk])
+        _notify([record])
         _enqueue_converge_on_commit(record.pk)
     return record
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core import domain
+from apps.core import access, domain
 from apps.core.db import closes_connections
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
@@ -40,6 +40,7 @@ def record_delete_request(
     *, record: Record, actor: Actor = None, reason: str = "DeleteRequested", message: str = ""
 ) -> Record:
     """Request deletion of ``record`` and its whole subtree, children first (I3)."""
+    access.require_actor(actor, "delete", "records", record.namespace)
     with transaction.atomic():
         _lock_tree(record.tree_id)
         record = Record.objects.get(pk=record.pk)
@@ -69,7 +70,7 @@ def record_delete_request(
             .values_list("pk", "parent_id")
         )
         _enqueue_deletions_on_commit(list(frontier))
-        _notify([record.pk])
+        _notify([record])
         record.deletion_requested_at = record.deletion_requested_at or now
     return record
 

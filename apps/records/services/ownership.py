@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core import access
 from apps.core.errors import Conflict, ValidationFailed
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
@@ -42,12 +43,13 @@ def record_set_expiry(
             actor=actor,
         )
     )
-    _notify([record.pk])
+    _notify([record])
     return record
 
 
 def record_extend(*, record: Record, by: timedelta, actor: Actor = None) -> Record:
     """Push the deadline ``by`` further (from now if the record had none)."""
+    access.require_actor(actor, "update", "records", record.namespace)
     if by <= timedelta(0):
         raise ValidationFailed("extend by a positive duration", fields={"by": ["must be positive"]})
     start = max(record.expires_at or timezone.now(), timezone.now())
@@ -56,6 +58,7 @@ def record_extend(*, record: Record, by: timedelta, actor: Actor = None) -> Reco
 
 def record_release(*, record: Record, actor: Actor = None) -> Record:
     """Remove the deadline: the record lives until its owner dies or someone deletes it."""
+    access.require_actor(actor, "update", "records", record.namespace)
     return record_set_expiry(record=record, expires_at=None, actor=actor, reason="Released")
 
 
@@ -106,6 +109,13 @@ def record_transfer(
         )
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expires_at is in the past", fields={"expires_at": ["must be in the future"]})
+    access.require_actor(actor, "update", "records", record.namespace)
+    if record.namespace != new_owner.namespace:
+        raise ValidationFailed(
+            f"{record} is in namespace {record.namespace!r} and {new_owner} in {new_owner.namespace!r}: "
+            "an owner is always in its records' namespace",
+            fields={"owner": ["in another namespace"]},
+        )
     with transaction.atomic():
         while True:
             # The trees' roots in tree order, then the moved row: the order every change to a
@@ -173,5 +183,5 @@ def record_transfer(
                 _event(new_owner.pk, EventType.TRANSFERRED_IN, reason="Received", data=data, actor=actor, at=now),
             ]
         )
-        _notify([record.pk, old_owner_id, new_owner.pk])
+        _notify([record, Record(pk=old_owner_id, namespace=record.namespace), new_owner])
     return Record.objects.get(pk=record.pk)

@@ -73,11 +73,22 @@ def _event(
     )
 
 
-def _notify(ids: Iterable[Any]) -> None:
-    """Tell watchers (Studio, CLI) which records changed; they re-fetch over REST."""
-    id_list = [str(i) for i in ids]
-    if id_list:
-        publish_on_commit("records", {"event": "records.changed", "ids": id_list})
+def records_group(namespace: str | None = None) -> str:
+    """The Channels group of record hints: every namespace's (``records``), or one's."""
+    return "records" if namespace is None else f"records.{namespace}"
+
+
+def _notify(records: Iterable[Record]) -> None:
+    """Tell watchers (Studio, CLI) which records changed; they re-fetch over REST. Each hint goes
+    to the group of all namespaces and to its namespace's, so a watcher who may read only some
+    namespaces hears only of their records."""
+    by_namespace: dict[str, list[str]] = {}
+    for record in records:
+        by_namespace.setdefault(record.namespace, []).append(str(record.pk))
+    for namespace, id_list in by_namespace.items():
+        message = {"event": "records.changed", "ids": id_list}
+        publish_on_commit(records_group(), message)
+        publish_on_commit(records_group(namespace), message)
 
 
 def _lock_tree(tree_id: int) -> None:
@@ -131,7 +142,7 @@ def _transition(
             setattr(record, name, value)
     Record.objects.filter(pk__in=[r.pk for r in records]).update(phase=to, updated_at=now, **(fields or {}))
     Event.objects.bulk_create(events)
-    _notify(r.pk for r in records)
+    _notify(records)
     if to in _SETTLING:
         domain.emit(domain.RecordsSettled(record_ids=tuple(str(r.pk) for r in records)))
 
@@ -165,7 +176,9 @@ def record_event_write(
     event = Event.objects.create(
         **_event_kwargs(record_id, type, reason=reason, message=message, data=data or {}, actor=actor)
     )
-    _notify([record_id])
+    namespace = Record.objects.filter(pk=record_id).values_list("namespace", flat=True).first()
+    if namespace is not None:
+        _notify([Record(pk=record_id, namespace=namespace)])
     return event
 
 

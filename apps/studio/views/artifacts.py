@@ -41,7 +41,7 @@ def artifact_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         "name": name or "",
         "pipeline": pipeline or "",
         "run": run or "",
-        "pipelines": [p.name for p in run_selectors.pipeline_list()],
+        "pipelines": [p.name for p in run_selectors.pipeline_list(user=request.user)],
         "query": query.urlencode(),
     }
     return render(request, site, "studio/artifacts.html", context, title="Artifacts")

@@ -26,7 +26,7 @@ def _rates(request: HttpRequest) -> dict[int, tuple[int, int]]:
 
 def pipeline_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     services.pipelines_sync_all()  # what the workers' code defines now (as the API's list does)
-    pipelines = list(selectors.pipeline_list())
+    pipelines = list(selectors.pipeline_list(user=request.user))
     recent = selectors.pipeline_recent_runs(user=request.user, per_pipeline=RECENT_RUNS)
     rates = _rates(request)
     stands = {s.stand.name: s for s in selectors.stand_list(user=request.user)}
@@ -38,7 +38,7 @@ def pipeline_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
 
 def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> HttpResponse:
     try:
-        definition = services.definition_get(name)
+        definition = services.definition_get(name, user=request.user)
     except GrapheneError:
         raise Http404(f"no pipeline {name!r} is loaded") from None
     pipeline = services.pipeline_sync(definition)

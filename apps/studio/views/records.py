@@ -17,6 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllow
 from django.urls import reverse
 from django.utils import timezone
 
+from apps.core import access
 from apps.core.errors import GrapheneError, NotFound
 from apps.observability import selectors as observability
 from apps.pipelines import selectors as pipelines
@@ -168,6 +169,7 @@ def record_detail(request: HttpRequest, *, site: AdminSite, record_id: Any) -> H
         "extend_choices": [label for label, _ in EXTEND_CHOICES],
         "may_hand_over": live and not record.is_root,
         "is_agent": record.kind == "agent",
+        "can_open_terminal": access.may(request.user, "open_terminal", "agents", record.namespace),
     }
     if context["may_hand_over"]:
         context["pipelines"] = sorted(pipeline_services.pipelines_load())
@@ -318,9 +320,12 @@ def record_act(request: HttpRequest, *, site: AdminSite, record_id: Any) -> Http
 def _hand_over(request: HttpRequest, record: Record) -> Record:
     """Give the record (and its subtree) to a pipeline's stand, made if it has none yet (as
     ``graphenectl transfer --to stand/<pipeline>`` does)."""
-    name = pipeline_services.definition_get(request.POST.get("pipeline", "")).name
+    definition = pipeline_services.definition_get(request.POST.get("pipeline", ""), user=request.user)
+    name = definition.name
     keep = dict(EXTEND_CHOICES).get(request.POST.get("keep_for", ""))
-    stand = pipelines.stand_find(user=request.user, pipeline=name) or pipeline_services.stand_get(name)
+    stand = pipelines.stand_find(user=request.user, pipeline=name) or pipeline_services.stand_get(
+        name, namespace=definition.namespace
+    )
     moved = services.record_transfer(
         record=record,
         new_owner=stand,

@@ -56,7 +56,7 @@ def run_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         "statuses": RunStatus.choices,
         "chosen": statuses,
         "pipeline": pipeline or "",
-        "pipelines": [p.name for p in selectors.pipeline_list()],
+        "pipelines": [p.name for p in selectors.pipeline_list(user=request.user)],
         "search": search or "",
         "query": query.urlencode(),
     }

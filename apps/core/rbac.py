@@ -1,0 +1,169 @@
+"""Writes of the access model: namespaces, custom roles and role bindings.
+
+Every write names its actor and is checked here (the access module's ``require``), so the API,
+graphenectl and the Studio all get the same answer. Reads are in ``apps.core.selectors``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import IntegrityError, transaction
+
+from apps.core import access
+from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.core.models import Namespace, Role, RoleBinding
+
+NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def _check_name(name: str, *, field: str, noun: str) -> None:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ValidationFailed(
+            f"{noun} name {name!r}: use 1-63 lowercase letters, digits and '-', starting and ending "
+            "with a letter or digit",
+            fields={field: ["lowercase letters, digits and '-' (at most 63)"]},
+        )
+
+
+@transaction.atomic
+def namespace_create(*, name: str, description: str = "", actor: Any) -> Namespace:
+    """A new namespace (needs ``create namespaces``, bound in ``*``)."""
+    access.require_actor(actor, "create", "namespaces", None)
+    _check_name(name, field="name", noun="namespace")
+    if Namespace.objects.filter(name=name).exists():
+        raise Conflict(f"namespace {name!r} already exists")
+    return Namespace.objects.create(name=name, description=description, created_by=actor if actor is not None else None)
+
+
+@transaction.atomic
+def namespace_delete(*, name: str, actor: Any) -> None:
+    """Delete an empty namespace and its bindings. One that still holds something it names
+    (records, runs, pipelines, secrets) is refused, naming what is left."""
+    from django.apps import apps
+
+    access.require_actor(actor, "delete", "namespaces", None)
+    if name == access.DEFAULT_NAMESPACE:
+        raise Conflict("the default namespace cannot be deleted")
+    namespace = Namespace.objects.filter(name=name).first()
+    if namespace is None:
+        raise NotFound(f"no namespace {name!r}")
+    left = []
+    for label in ("records.Record", "pipelines.Run", "pipelines.Pipeline", "secrets.Secret"):
+        model = apps.get_model(label)
+        count = model.objects.filter(namespace=name).count()
+        if count:
+            left.append(f"{count} {model._meta.verbose_name_plural}")
+    if left:
+        raise Conflict(f"namespace {name!r} still holds {', '.join(left)}; delete them first")
+    RoleBinding.objects.filter(namespace=name).delete()
+    namespace.delete()
+    access.namespace_forget(name)
+
+
+def _check_rules(rules: Any) -> list[dict[str, list[str]]]:
+    if not isinstance(rules, list) or not rules:
+        raise ValidationFailed("rules: a non-empty list of {verbs, resources}", fields={"rules": ["a non-empty list"]})
+    clean = []
+    for index, rule in enumerate(rules):
+        where = f"rules[{index}]"
+        if not isinstance(rule, dict) or set(rule) != {"verbs", "resources"}:
+            raise ValidationFailed(f"{where}: an object with verbs and resources", fields={where: ["verbs, resources"]})
+        for key, known in (("verbs", access.VERBS), ("resources", access.RESOURCES)):
+            values = rule[key]
+            if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+                raise ValidationFailed(
+                    f"{where}.{key}: a non-empty list of names", fields={f"{where}.{key}": ["names"]}
+                )
+            unknown = sorted(set(values) - {*known, access.ANY})
+            if unknown:
+                raise ValidationFailed(
+                    f"{where}.{key}: unknown {key} {unknown}; known: {', '.join(known)} (or *)",
+                    fields={f"{where}.{key}": [f"unknown: {', '.join(unknown)}"]},
+                )
+        clean.append({"verbs": list(rule["verbs"]), "resources": list(rule["resources"])})
+    return clean
+
+
+@transaction.atomic
+def role_create(*, name: str, rules: Any, description: str = "", actor: Any) -> Role:
+    """A custom role: additive rules of verbs by resources."""
+    access.require_actor(actor, "create", "roles", None)
+    _check_name(name, field="name", noun="role")
+    clean = _check_rules(rules)
+    if Role.objects.filter(name=name).exists():
+        raise Conflict(f"role {name!r} already exists")
+    return Role.objects.create(name=name, rules=clean, description=description)
+
+
+@transaction.atomic
+def role_delete(*, name: str, actor: Any) -> None:
+    access.require_actor(actor, "delete", "roles", None)
+    role = Role.objects.filter(name=name).first()
+    if role is None:
+        raise NotFound(f"no role {name!r}")
+    if role.is_builtin:
+        raise Conflict(f"role {name!r} is built in; it cannot be deleted")
+    if role.bindings.exists():
+        raise Conflict(f"role {name!r} is bound {role.bindings.count()} time(s); unbind it first")
+    role.delete()
+
+
+def _subject(user: str | None, group: str | None) -> tuple[Any, Group | None]:
+    if (user is None) == (group is None):
+        raise ValidationFailed("bind exactly one of user or group", fields={"user": ["one of user, group"]})
+    if user is not None:
+        found = get_user_model().objects.filter(username=user).first()
+        if found is None:
+            raise NotFound(f"no user {user!r}", fields={"user": [f"no user {user!r}"]})
+        return found, None
+    found_group = Group.objects.filter(name=group).first()
+    if found_group is None:
+        raise NotFound(f"no group {group!r}", fields={"group": [f"no group {group!r}"]})
+    return None, found_group
+
+
+@transaction.atomic
+def role_bind(
+    *, role: str, namespace: str, user: str | None = None, group: str | None = None, actor: Any
+) -> tuple[RoleBinding, bool]:
+    """Bind ``role`` to a user or a group in ``namespace`` (``*``: every namespace). Needs
+    ``create rolebindings`` where the binding applies; binding again is a no-op (``created`` False)."""
+    access.require_actor(actor, "create", "rolebindings", None if namespace == access.EVERY_NAMESPACE else namespace)
+    found_role = Role.objects.filter(name=role).first()
+    if found_role is None and role in access.BUILTIN_ROLES:
+        access.builtins_ensure()
+        found_role = Role.objects.filter(name=role).first()
+    if found_role is None:
+        known = ", ".join(Role.objects.values_list("name", flat=True))
+        raise NotFound(f"no role {role!r} (roles: {known})", fields={"role": [f"no role {role!r}"]})
+    if namespace != access.EVERY_NAMESPACE:
+        access.namespace_check(namespace)
+    subject_user, subject_group = _subject(user, group)
+    try:
+        with transaction.atomic():
+            binding, created = RoleBinding.objects.get_or_create(
+                role=found_role,
+                namespace=namespace,
+                user=subject_user,
+                group=subject_group,
+                defaults={"created_by": actor if actor is not None else None},
+            )
+    except IntegrityError:  # a concurrent identical bind won
+        binding = RoleBinding.objects.get(role=found_role, namespace=namespace, user=subject_user, group=subject_group)
+        created = False
+    return binding, created
+
+
+@transaction.atomic
+def role_unbind(*, binding_id: int, actor: Any) -> None:
+    binding = RoleBinding.objects.filter(pk=binding_id).first()
+    if binding is None:
+        raise NotFound(f"no role binding {binding_id}")
+    access.require_actor(
+        actor, "delete", "rolebindings", None if binding.namespace == access.EVERY_NAMESPACE else binding.namespace
+    )
+    binding.delete()
