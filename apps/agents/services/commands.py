@@ -323,7 +323,7 @@ def command_output(*, record_id: Any, command_id: Any, seq: int, stream: str, da
             lines.pop()
         secrets = _printed_secrets(command)
         if secrets:  # a program given secrets may print them: its lines are stored masked (I7)
-            lines = [_masked(line, secrets) for line in lines]
+            lines = _masked("\n".join(lines), secrets).split("\n")
         if seq > command.output_seq + 1:
             missing = seq - command.output_seq - 1
             lines.insert(0, f"[graphene: {missing} output chunk(s) of this command were lost on the agent]")
