@@ -179,9 +179,10 @@ def throttled_detail(retry_after: int) -> str:
 class WebsocketAuthFailureThrottle:
     """Counts websockets refused with 4401 per client address, and refuses (4429, after
     accepting, so that the client reads the code; daphne does not pass a close reason on)
-    the connections of an address over the limit before they are authenticated. Connections of a user logged in to the Studio (the
-    session, resolved by Channels' ``AuthMiddlewareStack`` outside this) are neither counted
-    nor refused: they authenticated already."""
+    the connections of an address over the limit before they are authenticated. Connections
+    of a user logged in to the Studio (the session, resolved by Channels'
+    ``AuthMiddlewareStack`` outside this) are neither counted nor refused: they
+    authenticated already."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
