@@ -75,6 +75,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _xdist_groups(config, items)
 
 
+@pytest.fixture(autouse=True)
+def _empty_cache() -> None:
+    """Each test starts with this process's cache empty (in memory, settings/test.py): the
+    failed authentications one test counts never refuse another's requests."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def eager() -> Iterator[None]:
     """Celery tasks run in this process when sent (on-commit callbacks decide when)."""

@@ -73,19 +73,38 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: refuses a path or query PostgreSQL cannot store, and gives every error under /api/
-    # the API's JSON shape, whatever made it (apps/api/middleware.py).
+    # First: the security headers and the Content-Security-Policy on every answer, the ones the
+    # next middleware rewrites included (apps/core/security.py).
+    "apps.core.security.SecurityHeadersMiddleware",
+    # Refuses a path or query PostgreSQL cannot store, and gives every error under /api/ the
+    # API's JSON shape, whatever made it (apps/api/middleware.py).
     "apps.api.middleware.ApiDoorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Failed token authentications under /api/, limited per client address (apps/core/throttle.py).
+    "apps.api.middleware.AuthFailureThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that waited the pool's timeout for a database connection answers 503 (the web's pool).
     "apps.core.middleware.DatabaseBusyMiddleware",
 ]
+
+# --- Security headers (apps/core/security.py) ----------------------------------------------------
+# Django's defaults, stated: every answer carries them (static files too). HSTS is set in
+# production (prod.py) and sent on secure requests only.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# --- Failed authentications (apps/core/throttle.py) -------------------------------------------------
+# Failed logins at the Studio's form (per client address and per username) and failed token
+# authentications (per client address) allowed in a minute; past it, 429 until the minute
+# ends. 0 turns the limit off. The counts live in the cache below.
+GRAPHENE_AUTH_FAILURES_PER_MINUTE = env.integer("GRAPHENE_AUTH_FAILURES_PER_MINUTE", 10)
 
 ROOT_URLCONF = "graphene_project.urls"
 # Under /api/ a failed CSRF check answers in the API's JSON error shape (the Studio's stays HTML).
@@ -231,6 +250,22 @@ if CHANNEL_LAYER_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Cache ---------------------------------------------------------------------------------------
+# Shared by every web process in production (the failed-authentication counts): Redis, at
+# GRAPHENE_CACHE_URL or else the channel layer's Redis (the cache's keys are prefixed and
+# expire). Embedded (one process): in memory.
+CACHE_URL = env.string("GRAPHENE_CACHE_URL") or CHANNEL_LAYER_URL
+if CACHE_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": check_redis_url(CACHE_URL, setting="GRAPHENE_CACHE_URL"),
+            "KEY_PREFIX": "graphene-cache",
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- REST API ----------------------------------------------------------------------------
 REST_FRAMEWORK = {

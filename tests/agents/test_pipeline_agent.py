@@ -103,7 +103,8 @@ def test_a_pipeline_runs_commands_on_an_agent(
         # The secret's value reached the program, and is nowhere at rest but sealed in its command.
         third = AgentCommand.objects.filter(agent=box).order_by("created_at").last()
         assert third is not None
-        assert set(third.payload) == {agents.SEALED, "argv"}
+        assert set(third.payload) == {agents.SEALED, "argv", "secret_env"}
+        assert third.payload["secret_env"] == ["TOKEN"]  # names, whose values its output masks
         stored = [
             *AgentCommand.objects.filter(agent=box).values_list("payload", "stdout_tail", "result"),
             *JournalEntry.objects.filter(run=run).values_list("call", "result", "error"),

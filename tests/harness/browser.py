@@ -39,11 +39,34 @@ def chromium_driver() -> Iterator[WebDriver]:
         "--window-size=1280,900",
     ):
         options.add_argument(argument)
+    # The console is readable (driver.get_log("browser")): Content-Security-Policy refusals show there.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
+    # Every document records the policy's refusals before any of its scripts runs (a script
+    # the DevTools protocol adds is not subject to the page's policy): see csp_violations().
+    chrome.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": _CSP_WATCH})
     try:
         yield chrome
     finally:
         chrome.quit()
+
+
+_CSP_WATCH = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__cspViolations.push(
+  `${e.effectiveDirective} refused ${e.blockedURI || "(inline)"}`
+  + ` at ${e.sourceFile || location.pathname}:${e.lineNumber}` + (e.sample ? ` (${e.sample})` : "")
+));
+"""
+
+
+def csp_violations(driver: WebDriver) -> list[str]:
+    """What the page's Content-Security-Policy refused since the page loaded (its
+    ``securitypolicyviolation`` events), and the console's CSP messages since the last call."""
+    seen = [str(v) for v in driver.execute_script("return window.__cspViolations || []") or []]
+    entries = driver.get_log("browser")  # type: ignore[attr-defined]  # Chromium's driver has it; the base type not
+    logged = [str(entry.get("message", "")) for entry in entries]
+    return seen + [m for m in logged if "Content Security Policy" in m or "Content-Security-Policy" in m]
 
 
 _CLICK = "const e = document.querySelector(arguments[0]); if (!e) return false; e.click(); return true;"

@@ -29,6 +29,24 @@ def fetch(url: str, *, token: str | None = None, scheme: str = "Token", timeout:
         return exc.code, exc.read()
 
 
+def fetch_response(
+    url: str, *, headers: dict[str, str] | None = None, timeout: float = 30
+) -> tuple[int, dict[str, str], bytes]:
+    """GET ``url`` without following redirects; the status, the headers and the raw body."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    request = urllib.request.Request(url, headers=headers or {})  # noqa: S310
+    plain = urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect)
+    try:
+        with plain.open(request, timeout=timeout) as response:
+            return response.status, dict(response.headers.items()), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers.items()), exc.read()
+
+
 def http(method: str, url: str, *, token: str | None = None, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
     """One JSON request; the status and the body (JSON decoded, ``None`` when empty, else bytes)."""
     headers = {"Accept": "application/json"}

@@ -21,11 +21,12 @@ class WebServer(Service):
     agents that dial it reconnect, as they would to a real server coming back.
     """
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, **env: str) -> None:
         self.port = free_port()
         super().__init__(log_dir / f"web-{self.port}.log")
         self.url = f"http://127.0.0.1:{self.port}"
         self.what = f"daphne on port {self.port}"
+        self.env = env  # settings of this server's own (GRAPHENE_* variables)
 
     def start(self) -> WebServer:
         self.spawn(
@@ -43,6 +44,7 @@ class WebServer(Service):
                 DJANGO_SETTINGS_MODULE="tests.harness.web_settings",
                 GRAPHENE_TEST_AGENTS_CHANNEL_LAYER_URL=CHANNEL_LAYER_URL,
                 GRAPHENE_AGENT_SERVER_URL=self.url,
+                **self.env,
             ),
         )
         return self
@@ -83,10 +85,9 @@ class ProductionWeb(WebServer):
     from those of other processes and sessions)."""
 
     def __init__(self, log_dir: Path, **env: str) -> None:
-        super().__init__(log_dir)
+        super().__init__(log_dir, **env)
         self.what = f"graphene web on port {self.port}"
         self.application_name = f"graphene-web-test-{uuid.uuid4().hex[:8]}"
-        self.env = env
 
     def start(self) -> ProductionWeb:
         database_url = process_env()["GRAPHENE_DATABASE_URL"] + f"?application_name={self.application_name}"
