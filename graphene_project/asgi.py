@@ -19,6 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from apps.core.proxy import TrustedProxyMiddleware  # noqa: E402
 from apps.core.websocket_auth import TokenAuthMiddleware  # noqa: E402
 from graphene_project.routing import websocket_urlpatterns  # noqa: E402
 
@@ -26,11 +27,15 @@ from graphene_project.routing import websocket_urlpatterns  # noqa: E402
 # handler (collected under STATIC_ROOT in production, found in the apps otherwise).
 # Websockets authenticate with the session cookie (the Studio) or, for clients that are not
 # browsers (graphenectl), with the REST API's token in an Authorization header.
-application = ProtocolTypeRouter(
-    {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))
-        ),
-    }
+# X-Forwarded-* headers count only from GRAPHENE_TRUSTED_PROXIES; everyone else's are dropped
+# before anything reads them (apps/core/proxy.py).
+application = TrustedProxyMiddleware(
+    ProtocolTypeRouter(
+        {
+            "http": ASGIStaticFilesHandler(django_asgi_app),
+            "websocket": AllowedHostsOriginValidator(
+                AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))
+            ),
+        }
+    )
 )
