@@ -18,6 +18,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from apps.core.proxy import TrustedProxyMiddleware  # noqa: E402
 from apps.core.security import StaticFilesHandler  # noqa: E402
 from apps.core.throttle import WebsocketAuthFailureThrottle  # noqa: E402
 from apps.core.websocket_auth import TokenAuthMiddleware  # noqa: E402
@@ -29,11 +30,15 @@ from graphene_project.routing import websocket_urlpatterns  # noqa: E402
 # Websockets authenticate with the session cookie (the Studio) or, for clients that are not
 # browsers (graphenectl), with the REST API's token in an Authorization header. Refusals
 # (4401) of clients not logged in are counted per address, and limited (apps/core/throttle.py).
-application = ProtocolTypeRouter(
-    {
-        "http": StaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(WebsocketAuthFailureThrottle(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))))
-        ),
-    }
+# X-Forwarded-* headers count only from GRAPHENE_TRUSTED_PROXIES; everyone else's are dropped
+# before anything reads them (apps/core/proxy.py).
+application = TrustedProxyMiddleware(
+    ProtocolTypeRouter(
+        {
+            "http": StaticFilesHandler(django_asgi_app),
+            "websocket": AllowedHostsOriginValidator(
+                AuthMiddlewareStack(WebsocketAuthFailureThrottle(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))))
+            ),
+        }
+    )
 )

@@ -258,7 +258,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def ctl(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Ctl:
     """graphenectl logged in to the session's server (a context saved by ``login``)."""
     ctl = Ctl(tmp_path_factory.mktemp("graphenectl-config"))
-    ctl.ok("login", "--server", server.url, "--token-stdin", "--name", "test", stdin=server.token + "\n")
+    ctl.ok(
+        "login",
+        "--server",
+        server.url,
+        "--ca-file",
+        str(server.ca_file),
+        "--token-stdin",
+        "--name",
+        "test",
+        stdin=server.token + "\n",
+    )
     return ctl
 
 

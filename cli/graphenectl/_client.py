@@ -1,6 +1,7 @@
 """The REST client: JSON over HTTP with a token, errors turned into actionable ``CliError``\\s.
 
-Standard library only (urllib). Every API error has one shape,
+Standard library only (urllib). Over HTTPS the server's certificate is verified against the
+context's pinned CA, else the system's trust store (``graphene_sdk.tls.Trust``). Every API error has one shape,
 ``{"error": code, "detail": text, "fields": {path: [messages]}}``; it maps to an exit code:
 400 → 2 (usage), 404 → 3 (not found), anything else → 1.
 """
@@ -16,6 +17,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from graphene_sdk.tls import Trust, certificate_error
 
 from graphenectl import __version__
 from graphenectl._config import LOGIN_HINT
@@ -93,13 +96,22 @@ def query(params: Params | None) -> str:
 class Client:
     """One server, one token. Paths are relative to ``/api/v1``."""
 
-    def __init__(self, server: str, token: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, server: str, token: str, *, timeout: float = DEFAULT_TIMEOUT, trust: Trust | None = None
+    ) -> None:
         self.server = server.rstrip("/")
         self.token = token
         self.timeout = timeout
-        host = urllib.parse.urlsplit(self.server).hostname or ""
+        self.trust = trust or Trust()
+        parts = urllib.parse.urlsplit(self.server)
+        # The same verification for the websockets (the agent terminal) as for the requests.
+        self.ssl_context = self.trust.context() if parts.scheme == "https" else None
         # A proxy from the environment must not intercept a server on this machine.
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(host) else []
+        handlers: list[urllib.request.BaseHandler] = (
+            [urllib.request.ProxyHandler({})] if _is_loopback(parts.hostname or "") else []
+        )
+        if self.ssl_context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self.ssl_context))
         self._opener = urllib.request.build_opener(*handlers)
 
     def url(self, path: str, params: Params | None = None) -> str:
@@ -249,6 +261,9 @@ class Client:
         return CliError(f"{detail} (HTTP {status}, {body.get('error', 'error')})", fields=fields)
 
     def _unreachable(self, exc: BaseException) -> CliError:
+        refused = certificate_error(exc)
+        if refused is not None:
+            return CliError(self.trust.untrusted(self.server, refused))
         reason: Any = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError):
             why = "no answer in time"

@@ -9,13 +9,16 @@ report = run.result()                                    # the pipeline's output
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 import urllib.parse
 from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from graphene_sdk import config
+from graphene_sdk import config, tls
 from graphene_sdk._errors import ClientError
 from graphene_sdk._http import Transport
 from graphene_sdk._models import RunEvent, RunInfo
@@ -24,6 +27,8 @@ from graphene_sdk._resources import Artifacts, Logs, Records, Runs, Stands
 from graphene_sdk._retry import IDEMPOTENCY_HEADER, new_idempotency_key, retrying
 
 R = TypeVar("R")
+
+logger = logging.getLogger("graphene_sdk")
 
 
 class Client:
@@ -34,6 +39,15 @@ class Client:
     ``GRAPHENE_CONTEXT``, with ``GRAPHENE_SERVER`` and ``GRAPHENE_TOKEN`` overriding it; a
     ``server`` or ``token`` passed here wins over both (``graphene_sdk.config``). Nothing
     is configured: ``ConfigError``. ``target`` says what was chosen and from where.
+
+    TLS (``graphene_sdk.tls``): an ``https://`` server's certificate is verified against the
+    CA pinned for it — ``ca_file`` (a PEM file), ``ca_fingerprint`` (the CA is fetched from the
+    server and kept only if its SHA-256 fingerprint is this one), ``GRAPHENE_CA_FILE``, or what
+    ``graphenectl login`` saved for that server — else against the system's trust store; a
+    certificate they do not vouch for fails every request (``ClientError``, code
+    ``untrusted_certificate``) before anything is sent. A plain ``http://`` server needs
+    ``insecure=True`` (or ``GRAPHENE_INSECURE=1``, or a context saved with ``--insecure``) and
+    logs a warning.
 
     The nouns: ``records``, ``logs``, ``runs``, ``stands``, ``artifacts``. A refused or failed
     request raises ``ClientError`` with the server's ``code``, ``detail`` and ``fields``.
@@ -46,10 +60,31 @@ class Client:
         token: str | None = None,
         context: str | None = None,
         timeout: float = 30.0,
+        ca_file: str | os.PathLike[str] | None = None,
+        ca_fingerprint: str | None = None,
+        insecure: bool = False,
     ) -> None:
-        self.target = config.find_target(server=server, token=token, context=context)
+        if ca_file is not None and ca_fingerprint is not None:
+            raise ValueError("pass ca_file or ca_fingerprint, not both")
+        given: tls.Trust | None = None
+        if ca_file is not None:
+            given = tls.Trust(ca_pem=config.ca_file_read(ca_file), source=f"ca_file={os.fspath(ca_file)}")
+        elif insecure:
+            given = tls.Trust(source="insecure=True", insecure=True)
+        self.target = config.find_target(server=server, token=token, context=context, trust=given)
+        if ca_fingerprint is not None:
+            pem = tls.ca_fetch(self.target.server, ca_fingerprint, timeout=timeout)
+            self.target = dataclasses.replace(
+                self.target, trust=tls.Trust(ca_pem=pem, source=f"ca_fingerprint={tls.fingerprint(pem)}")
+            )
+        if self.target.trust.insecure:
+            logger.warning(
+                "graphene_sdk: plain HTTP to %s (%s): the token and all data cross the network unencrypted",
+                self.target.server,
+                self.target.trust.source,
+            )
         self.timeout = timeout
-        self._transport = Transport(self.target.server, self.target.token, timeout=timeout)
+        self._transport = Transport(self.target.server, self.target.token, timeout=timeout, trust=self.target.trust)
         self.records = Records(self._transport)
         self.logs = Logs(self._transport)
         self.runs = Runs(self._transport)

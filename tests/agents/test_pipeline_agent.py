@@ -32,7 +32,7 @@ SECRET_VALUE = "s3cr3t-value-for-exec-only"
 
 def graphenectl(web: WebServer, token: str, home: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
-    env.update(GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(home), NO_COLOR="1")
+    env.update(web.client_env(), GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(home), NO_COLOR="1")
     done = subprocess.run([*graphenectl_argv(), *args], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -18,6 +18,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.harness import tls
+
 # Screenshots of the pages the tests saw (ignored by git): look at them when a test fails.
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "studio"
 PASSWORD = "pw"  # the password of the users the Studio tests make
@@ -37,6 +39,9 @@ def chromium_driver() -> Iterator[WebDriver]:
         "--no-proxy-server",  # loopback only
         "--disable-background-networking",  # this machine's network is closed: no calls home
         "--window-size=1280,900",
+        # The test web servers serve HTTPS with the session's certificate (tests.harness.tls): the
+        # browser accepts exactly its key, as a user who imported the CA would see the pages.
+        f"--ignore-certificate-errors-spki-list={tls.spki_pin()}",
     ):
         options.add_argument(argument)
     # The console is readable (driver.get_log("browser")): Content-Security-Policy refusals show there.

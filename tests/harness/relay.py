@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 
@@ -42,11 +43,20 @@ HEAD = 4096
 
 
 class Relay:
-    def __init__(self, target_port: int, *, drop: Callable[[bytes], bool] | None = None) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        *,
+        drop: Callable[[bytes], bool] | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
+    ) -> None:
         """``drop``: given the head of a request (its first 4 KiB), whether to swallow the
-        server's answer to it (None: relay everything as it comes)."""
+        server's answer to it (None: relay everything as it comes). ``upstream_tls``: speak TLS
+        to the server (clients speak plain HTTP to the relay, which reads what it relays), as a
+        proxy that terminates TLS does."""
         self.target_port = target_port
         self.drop = drop
+        self.upstream_tls = upstream_tls
         self.dropped = 0
         self.relayed = 0
         self._lock = threading.Lock()
@@ -75,7 +85,10 @@ class Relay:
 
     def _serve(self, client: socket.socket) -> None:
         try:
-            upstream = self._track(socket.create_connection(("127.0.0.1", self.target_port), timeout=60))
+            raw = socket.create_connection(("127.0.0.1", self.target_port), timeout=60)
+            if self.upstream_tls is not None:
+                raw = self.upstream_tls.wrap_socket(raw, server_hostname="127.0.0.1")
+            upstream = self._track(raw)
         except OSError:
             client.close()
             return

@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 from apps.pipelines import services
 from apps.pipelines.models import Run
 from tests import factories
+from tests.harness import tls
 from tests.harness.relay import Relay
 from tests.harness.web import ProductionWeb, WebServer
 
@@ -137,7 +138,7 @@ def test_a_broker_failing_after_the_commit_still_answers_the_run(
     web = ProductionWeb(tmp_path, GRAPHENE_BROKER_URL=broker_url).start()
     try:
         relay.cut()  # the run's transaction commits; handing it to a worker then fails
-        client = Client(web.url, token=token)
+        client = Client(web.url, token=token, ca_file=web.ca_file)
         handle = client.start_by_name("sample.noop", {"steps": 0}, idempotency_key="after-commit")
         run = Run.objects.get(pk=handle.id)
         assert run.status == "queued"  # committed; the reconciler hands it to a worker later
@@ -169,13 +170,13 @@ def test_200_concurrent_starts_through_a_proxy_that_loses_a_third_of_the_answers
             seen.add(key)
             return first_try and len(seen) % 3 == 0
 
-    relay = Relay(int(urllib.parse.urlsplit(web.url).port or 80), drop=lose_a_third)
+    relay = Relay(int(urllib.parse.urlsplit(web.url).port or 443), drop=lose_a_third, upstream_tls=tls.context())
     learned: dict[str, str] = {}
     errors: list[BaseException] = []
     lock = threading.Lock()
 
     def client_job(index: int) -> None:
-        client = Client(relay.url, token=token, timeout=60)
+        client = Client(relay.url, token=token, timeout=60, insecure=True)  # plain HTTP to the proxy
         for n in range(8):
             key = f"job-{index}-{n}"
             try:
