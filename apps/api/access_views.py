@@ -32,7 +32,9 @@ class _Strict(serializers.Serializer[Any]):
 
 
 class NamespaceOutput(serializers.ModelSerializer[Namespace]):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Namespace
@@ -66,10 +68,16 @@ class RoleInput(_Strict):
 
 
 class BindingOutput(serializers.ModelSerializer[RoleBinding]):
-    role = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    user = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
-    group = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    role: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    user: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    group: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = RoleBinding

@@ -52,7 +52,7 @@ class AccessPermission(BasePermission):
             if action is None:
                 return True  # a method the viewset does not serve: its 405 follows
         else:
-            action = request.method.lower()
+            action = (request.method or "").lower()
             if not hasattr(view, action):
                 return True  # the same for a plain view
         rule = rule_of(view, action)

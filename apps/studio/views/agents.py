@@ -15,7 +15,7 @@ def agent_board(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     agents = selectors.agent_board(user=request.user)
     terminals = access.visible_namespaces(request.user, "open_terminal", "agents")
     for agent in agents:  # the Terminal button, on the cards of agents the user may open one on
-        agent.can_open_terminal = terminals is None or agent.namespace in terminals  # type: ignore[attr-defined]
+        agent.can_open_terminal = terminals is None or agent.namespace in terminals
     context = {"agents": agents, "connected": sum(1 for a in agents if _connected(a))}
     return render(request, site, "studio/agents.html", context, title="Agents", fragment="studio/_agent_cards.html")
 
