@@ -161,6 +161,13 @@ def _pairs(rules: Iterable[dict[str, Any]]) -> set[Pair]:
     return out
 
 
+@functools.lru_cache(maxsize=512)
+def _parsed_rules(text: str) -> frozenset[Pair]:
+    """A role's rules, as the JSON text the database returns, as pairs. Memoized on the text
+    itself: a pure parse, not a cache of anyone's rights (changed rules are other text)."""
+    return frozenset(_pairs(json.loads(text) or []))
+
+
 @functools.cache
 def _bindings_sql() -> str:
     """The SQL of the actor's bindings: each binding of the user or of a group they belong to,
@@ -197,15 +204,15 @@ def grants_load(user: Any) -> Grants:
     with connection.cursor() as cursor:
         cursor.execute(_bindings_sql(), [user.pk, user.pk])
         rows = cursor.fetchall()
-    # Many bindings share a few roles: each role's rules are parsed once, and each namespace's
-    # pairs are the union of its distinct roles' pairs, made in one call.
+    # Many bindings share a few roles: each role's rules are parsed once (and the same text not
+    # again), and each namespace's pairs are the union of its distinct roles' pairs in one call.
     rules_of: dict[Any, Any] = {}
     roles_in: dict[str, set[Any]] = {}
     for namespace, role_id, rules in rows:
         rules_of[role_id] = rules
         roles_in.setdefault(namespace, set()).add(role_id)
     pairs_of = {
-        role_id: frozenset(_pairs((json.loads(rules) if isinstance(rules, str | bytes) else rules) or []))
+        role_id: _parsed_rules(rules) if isinstance(rules, str) else frozenset(_pairs(rules or []))
         for role_id, rules in rules_of.items()
     }
     merged = {ns: frozenset().union(*(pairs_of[r] for r in role_ids)) for ns, role_ids in roles_in.items()}
