@@ -44,7 +44,7 @@ class Run(TimeStampedModel):
     )
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     # The pipeline's namespace when the run started (kept here: lists filter on it).
-    namespace = models.CharField(max_length=63, default="default", db_index=True)
+    namespace = models.CharField(max_length=63, default="default")  # indexed with created_at (Meta)
     inputs = models.JSONField(default=dict)
     outputs = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -91,6 +91,8 @@ class Run(TimeStampedModel):
             ),
             models.Index(fields=["pipeline", "status", "number"], name="run_pipeline_turn"),
             models.Index(fields=["parent_run", "group", "status"], name="run_children"),
+            # Newest-first lists narrowed to the namespaces a user may read (apps/core/access.py).
+            models.Index(fields=["namespace", "created_at", "id"], name="run_namespace_newest"),
         ]
 
     def __str__(self) -> str:
