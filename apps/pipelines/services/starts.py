@@ -119,7 +119,6 @@ def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None, idempoten
     definition = definition_get(pipeline_name, user=actor)
     if actor is not None:
         access.require(actor, "start", "runs", definition.namespace)
-    access.namespace_check(definition.namespace)
     clean = inputs_validate(definition, inputs)
     with transaction.atomic():
         row = pipeline_sync(definition)
