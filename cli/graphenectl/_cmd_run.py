@@ -20,7 +20,7 @@ from graphenectl._client import Cursor
 from graphenectl._cmd_read import INPUT_COLUMNS, Transient, flatten, get, log_line, render_tree, waiting_on
 from graphenectl._cmd_write import read_document
 from graphenectl._errors import EXIT_INTERRUPTED, CliError, UsageError
-from graphenectl._options import IntervalOpt, OutputOpt
+from graphenectl._options import AllNamespacesOpt, IntervalOpt, NamespaceOpt, OutputOpt
 from graphenectl._output import (
     Format,
     emit,
@@ -463,9 +463,12 @@ def list_runs(
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = 100,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling until Ctrl-C")] = False,
     interval: IntervalOpt = 2.0,
+    namespace: NamespaceOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
     output: OutputOpt = Format.table,
 ) -> None:
-    """Runs, newest first (the same as `graphenectl get runs`)."""
+    """Runs, newest first (the same as `graphenectl get runs`): in the namespace chosen, else
+    in every namespace you may see."""
     get(
         "runs",
         None,
@@ -481,6 +484,8 @@ def list_runs(
         limit=limit,
         watch=watch,
         interval=interval,
+        namespace=namespace,
+        all_namespaces=all_namespaces,
         output=output,
     )
 
