@@ -2,7 +2,7 @@
 -n / -A / GRAPHENE_NAMESPACE / a context's namespace on lists and creations, against the shared
 web server, as a user of the console script sees them (stdout, stderr, exit code).
 
-Runs of ``sample.team`` (namespace ``cli-team``, tests/pipelines/sample.py) are started and left
+Runs of ``sample.team-b`` (namespace ``team-b``, tests/pipelines/sample.py) are started and left
 queued: nothing here needs them to run.
 """
 
@@ -31,7 +31,7 @@ from tests.harness.embedded import Ctl, Result
 from tests.harness.net import free_port
 from tests.harness.web import WebServer
 
-TEAM = "cli-team"  # sample.team's namespace
+TEAM = "team-b"  # the namespace of sample.team-b
 
 
 @pytest.fixture
@@ -236,10 +236,10 @@ def test_roles_are_made_from_rules_bound_unbound_and_deleted(ctl: Ctl, bob: Any)
 
 
 def _world(bob: Any) -> dict[str, Any]:
-    """bob is a developer in cli-team only; two runs of sample.team and a stand there, one run
+    """bob is a developer in team-b only; two runs of sample.team-b and a stand there, one run
     and a stand in default."""
     factories.bind(bob, "developer", TEAM)
-    team_runs = [services.run_start(pipeline_name="sample.team", inputs={}) for _ in range(2)]
+    team_runs = [services.run_start(pipeline_name="sample.team-b", inputs={}) for _ in range(2)]
     other_run = services.run_start(pipeline_name="sample.cli", inputs={})
     records.record_create_root(kind="graphene.stand", name="team-things", namespace=TEAM)
     records.record_create_root(kind="graphene.stand", name="default-things")
@@ -257,7 +257,7 @@ def test_a_user_bound_in_one_namespace_sees_only_its_records_and_runs(ctl: Ctl, 
     world = _world(bob)
     env = as_user(ctl, bob)
 
-    # No namespace chosen: every namespace bob may see, which is cli-team, with a NAMESPACE column.
+    # No namespace chosen: every namespace bob may see, which is team-b, with a NAMESPACE column.
     table = rows(ctl.ok("get", "records", env=env))
     assert table[0][:3] == ["NAMESPACE", "ID", "KIND"]
     assert {r[0] for r in table[1:]} == {TEAM}
@@ -269,7 +269,7 @@ def test_a_user_bound_in_one_namespace_sees_only_its_records_and_runs(ctl: Ctl, 
     run_table = rows(ctl.ok("run", "list", env=env))
     assert run_table[0][:3] == ["NAMESPACE", "ID", "PIPELINE"]
     assert [r[0] for r in run_table[1:]] == [TEAM, TEAM]
-    assert {p["name"] for p in ctl.ok("get", "pipelines", "-o", "json", env=env).json()} == {"sample.team"}
+    assert {p["name"] for p in ctl.ok("get", "pipelines", "-o", "json", env=env).json()} == {"sample.team-b"}
 
     # -n: that namespace, no NAMESPACE column; where bob holds no binding, the server's refusal.
     narrowed = rows(ctl.ok("get", "records", "-n", TEAM, env=env))
@@ -281,7 +281,7 @@ def test_a_user_bound_in_one_namespace_sees_only_its_records_and_runs(ctl: Ctl, 
 
     # The superuser sees both namespaces, each row saying whose it is.
     everything = rows(ctl.ok("get", "runs"))
-    assert sorted(r[0] for r in everything[1:]) == [TEAM, TEAM, "default"]
+    assert sorted(r[0] for r in everything[1:]) == sorted([TEAM, TEAM, "default"])
     assert {r[0] for r in rows(ctl.ok("get", "records"))[1:]} == {TEAM, "default"}
     assert len(rows(ctl.ok("get", "records"))) - 1 == len(_live())
     assert [r["id"] for r in ctl.ok("get", "runs", "-n", "default", "-o", "json").json()] == [
@@ -368,7 +368,7 @@ def test_creations_go_to_the_namespace_chosen_else_default(ctl: Ctl, bob: Any) -
     factories.bind(bob, "developer", TEAM)
     env = as_user(ctl, bob)
 
-    # A stand root, as bob: in cli-team when chosen; in default (where bob may not) when not.
+    # A stand root, as bob: in team-b when chosen; in default (where bob may not) when not.
     stand = ctl.ok("apply", "graphene.stand", "bobs", "-n", TEAM, "-o", "json", env=env).json()
     assert (stand["namespace"], Record.objects.get(pk=stand["id"]).namespace) == (TEAM, TEAM)
     denied = refused(ctl("apply", "graphene.stand", "bobs-too", env=env), 1)
@@ -376,11 +376,11 @@ def test_creations_go_to_the_namespace_chosen_else_default(ctl: Ctl, bob: Any) -
     assert not Record.objects.filter(name="bobs-too").exists()
     assert "acts in one" in refused(ctl("apply", "graphene.stand", "x", "-n", "*", env=dead_server()), 2)
     # A record lives in its owner's namespace; a pipeline's stand, made as an owner, in the pipeline's.
-    held = ctl.ok("apply", "test.sleep", "box", "--owner", "stand/sample.team", "-o", "json", env=env).json()
+    held = ctl.ok("apply", "test.sleep", "box", "--owner", "stand/sample.team-b", "-o", "json", env=env).json()
     assert held["namespace"] == TEAM
-    assert Record.objects.get(kind="graphene.stand", name="sample.team").namespace == TEAM
+    assert Record.objects.get(kind="graphene.stand", name="sample.team-b").namespace == TEAM
 
-    # A secret, as bob: set from stdin in cli-team, listed with its namespace, never its value.
+    # A secret, as bob: set from stdin in team-b, listed with its namespace, never its value.
     made = ctl.ok("secret", "set", "db-password", "-n", TEAM, stdin="s3cret\n", env=env)
     assert made.out == "secret/db-password\n"
     assert f"secret/db-password created in namespace '{TEAM}'" in made.err

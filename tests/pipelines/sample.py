@@ -519,10 +519,3 @@ def cli(ctx: Context, inputs: CliInputs) -> None:
         ctx.sleep(inputs.hold_seconds)
     if inputs.fail:
         raise CliRefused("the smoke test said no")
-
-
-@pipeline("sample.team", inputs=Empty, namespace="cli-team")
-def team(ctx: Context, inputs: Empty) -> None:
-    """A pipeline of another namespace than ``default``, for the namespace tests of graphenectl
-    and the SDK (its runs, stand and records live in ``cli-team``)."""
-    ctx.log("working for cli-team")

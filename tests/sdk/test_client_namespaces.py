@@ -1,6 +1,6 @@
 """The SDK's ``Client`` and namespaces: ``Client(namespace=)``, ``GRAPHENE_NAMESPACE`` and the
 context's namespace narrow its listings (each call may say otherwise), as graphenectl's -n,
-against the shared web server. Runs of ``sample.team`` (namespace ``cli-team``) stay queued.
+against the shared web server. Runs of ``sample.team-b`` (namespace ``team-b``) stay queued.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.harness.web import WebServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TEAM = "cli-team"  # sample.team's namespace
+TEAM = "team-b"  # the namespace of sample.team-b
 
 
 @pytest.fixture
@@ -35,12 +35,12 @@ def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def world(django_user_model: Any) -> dict[str, Any]:
-    """An admin of every namespace; two runs of sample.team (cli-team), one of sample.cli (default)."""
+    """An admin of every namespace; two runs of sample.team-b (team-b), one of sample.cli (default)."""
     access.builtins_ensure()  # the flush after a transactional test took the migration's rows
     ops = django_user_model.objects.create_user(username="ops", password="pw")
     factories.bind(ops, "admin", "*")
     factories.bind(ops, "admin", TEAM)  # makes the namespace
-    team = [services.run_start(pipeline_name="sample.team", inputs={}) for _ in range(2)]
+    team = [services.run_start(pipeline_name="sample.team-b", inputs={}) for _ in range(2)]
     other = services.run_start(pipeline_name="sample.cli", inputs={})
     return {
         "token": str(Token.objects.create(user=ops).key),
@@ -106,9 +106,9 @@ def test_a_pipelines_stand_is_made_in_the_pipelines_namespace(
     web: WebServer, home: Path, world: dict[str, Any]
 ) -> None:
     client = Client(web.url, token=world["token"])
-    stand = client.stands.ensure("sample.team")
+    stand = client.stands.ensure("sample.team-b")
     assert Record.objects.get(pk=stand).namespace == TEAM
-    assert client.stands.ensure("sample.team") == stand
+    assert client.stands.ensure("sample.team-b") == stand
     artifact = client.artifacts.put(b"team bytes", name="team.txt", owner=stand)
     assert artifact.namespace == TEAM
     assert [a.id for a in client.artifacts.list(namespace=TEAM)] == [artifact.id]
