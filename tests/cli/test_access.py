@@ -380,6 +380,12 @@ def test_creations_go_to_the_namespace_chosen_else_default(ctl: Ctl, bob: Any) -
     assert held["namespace"] == TEAM
     assert Record.objects.get(kind="graphene.stand", name="sample.team-b").namespace == TEAM
 
+    # A run starts in its pipeline's namespace, whatever is chosen; graphenectl says so.
+    started = ctl("-n", TEAM, "run", "start", "sample.cli", "-o", "json")
+    assert started.code == 0, started
+    assert "pipeline 'sample.cli' lives in namespace 'default' (its code says so); the run starts there" in started.err
+    assert started.json()["namespace"] == "default"
+
     # A secret, as bob: set from stdin in team-b, listed with its namespace, never its value.
     made = ctl.ok("secret", "set", "db-password", "-n", TEAM, stdin="s3cret\n", env=env)
     assert made.out == "secret/db-password\n"
