@@ -111,9 +111,7 @@ def login(
     config.current = context
     _config.save(config)
     where = f", namespace {chosen!r}" if chosen else ""
-    note(
-        f"logged in to {url} as {who['username']} (server {who.get('server_version')}); context {context!r}{where}"
-    )
+    note(f"logged in to {url} as {who['username']} (server {who.get('server_version')}); context {context!r}{where}")
     if trust.ca_pem:
         info(f"pinned the server's CA {trust.fingerprint}: requests to {url} trust it and nothing else")
     info(f"saved in {config.path}")

@@ -45,7 +45,7 @@ def ctl(web: WebServer, admin: Any, tmp_path: Path) -> Ctl:
     database with what its first migration made (the built-in roles, ``default``), which the
     flush after a transactional test removed."""
     access.builtins_ensure()
-    return Ctl(tmp_path / "config", GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=Token.objects.create(user=admin).key)
+    return Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=Token.objects.create(user=admin).key)
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def as_user(ctl: Ctl, user: Any) -> dict[str, str]:
 
 def dead_server() -> dict[str, str]:
     """A server nothing listens on: a command that sent anything would fail to reach it (exit 1)."""
-    return {"GRAPHENE_SERVER": f"http://127.0.0.1:{free_port()}"}
+    return {"GRAPHENE_SERVER": f"https://127.0.0.1:{free_port()}"}
 
 
 def rows(result: Result) -> list[list[str]]:
@@ -321,11 +321,14 @@ def test_the_namespace_comes_from_the_flag_the_environment_or_the_context(
     # A context remembers a namespace: at login, or with ctx set-namespace; checked with the server.
     token = Token.objects.get_or_create(user=admin)[0].key
     home = Ctl(tmp_path / "home")
+    ca = str(web.ca_file)
     assert "no namespace 'nope'" in refused(
-        home("login", "--server", web.url, "--token-stdin", "--namespace", "nope", stdin=token), 3
+        home("login", "--server", web.url, "--ca-file", ca, "--token-stdin", "--namespace", "nope", stdin=token), 3
     )
     assert not (tmp_path / "home" / "graphene" / "config.yaml").exists(), "nothing was saved"
-    logged = home.ok("login", "--server", web.url, "--token-stdin", "--name", "here", "-n", TEAM, stdin=token)
+    logged = home.ok(
+        "login", "--server", web.url, "--ca-file", ca, "--token-stdin", "--name", "here", "-n", TEAM, stdin=token
+    )
     assert f"namespace '{TEAM}'" in logged.err
     assert run_ids(home.ok("get", "runs", "-o", "json")) == team
     shown = home.ok("ctx", "show", "-o", "json").json()

@@ -27,7 +27,14 @@ TEAM = "team-b"  # the namespace of sample.team-b
 @pytest.fixture
 def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """This process's XDG_CONFIG_HOME, with no GRAPHENE_* variable set."""
-    for name in ("GRAPHENE_SERVER", "GRAPHENE_TOKEN", "GRAPHENE_CONTEXT", "GRAPHENE_NAMESPACE"):
+    for name in (
+        "GRAPHENE_SERVER",
+        "GRAPHENE_TOKEN",
+        "GRAPHENE_CONTEXT",
+        "GRAPHENE_NAMESPACE",
+        "GRAPHENE_CA_FILE",
+        "GRAPHENE_INSECURE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     return tmp_path / "config"
@@ -54,7 +61,7 @@ def run_ids(runs: Any) -> list[str]:
 
 
 def test_a_client_in_a_namespace_lists_only_that_namespace(web: WebServer, home: Path, world: dict[str, Any]) -> None:
-    client = Client(web.url, token=world["token"], namespace=TEAM)
+    client = Client(web.url, token=world["token"], namespace=TEAM, ca_file=web.ca_file)
     assert (client.namespace, client.target.namespace_from) == (TEAM, "argument")
     assert run_ids(client.runs.list()) == world["team"]
     assert {r.namespace for r in client.runs.list()} == {TEAM}
@@ -69,13 +76,15 @@ def test_a_client_in_a_namespace_lists_only_that_namespace(web: WebServer, home:
         client.runs.list(namespace="Team A")
 
     # No namespace: every one the caller may see.
-    everywhere = Client(web.url, token=world["token"])
+    everywhere = Client(web.url, token=world["token"], ca_file=web.ca_file)
     assert everywhere.namespace is None
     assert run_ids(everywhere.runs.list()) == sorted(world["team"] + world["other"])
     assert run_ids(everywhere.runs.list(namespace=TEAM)) == world["team"]
-    assert run_ids(Client(web.url, token=world["token"], namespace="*").runs.list()) == run_ids(everywhere.runs.list())
+    assert run_ids(Client(web.url, token=world["token"], namespace="*", ca_file=web.ca_file).runs.list()) == run_ids(
+        everywhere.runs.list()
+    )
     with pytest.raises(ConfigError) as bad:
-        Client(web.url, token=world["token"], namespace="Team_A")
+        Client(web.url, token=world["token"], namespace="Team_A", ca_file=web.ca_file)
     assert bad.value.is_usage
 
 
@@ -84,7 +93,7 @@ def test_the_namespace_comes_from_the_environment_or_the_context(
 ) -> None:
     saved = graphene_config.load()
     saved.contexts["ops"] = graphene_config.ContextEntry(
-        name="ops", server=web.url, token=world["token"], user="ops", namespace=TEAM
+        name="ops", server=web.url, token=world["token"], user="ops", namespace=TEAM, ca=web.ca_file.read_text()
     )
     saved.current = "ops"
     graphene_config.save(saved)
@@ -105,7 +114,7 @@ def test_the_namespace_comes_from_the_environment_or_the_context(
 def test_a_pipelines_stand_is_made_in_the_pipelines_namespace(
     web: WebServer, home: Path, world: dict[str, Any]
 ) -> None:
-    client = Client(web.url, token=world["token"])
+    client = Client(web.url, token=world["token"], ca_file=web.ca_file)
     stand = client.stands.ensure("sample.team-b")
     assert Record.objects.get(pk=stand).namespace == TEAM
     assert client.stands.ensure("sample.team-b") == stand
