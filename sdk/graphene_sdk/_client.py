@@ -49,6 +49,11 @@ class Client:
     ``insecure=True`` (or ``GRAPHENE_INSECURE=1``, or a context saved with ``--insecure``) and
     logs a warning.
 
+    ``namespace`` is where listings look (``records``, ``runs``, ``artifacts``): the one passed
+    here, else ``GRAPHENE_NAMESPACE``, else the context's (``graphenectl ctx set-namespace``);
+    none (or ``"*"``) is every namespace the caller may see. Each listing takes its own
+    ``namespace=`` too. Runs start in their pipeline's namespace, which its code names.
+
     The nouns: ``records``, ``logs``, ``runs``, ``stands``, ``artifacts``. A refused or failed
     request raises ``ClientError`` with the server's ``code``, ``detail`` and ``fields``.
     """
@@ -59,6 +64,7 @@ class Client:
         *,
         token: str | None = None,
         context: str | None = None,
+        namespace: str | None = None,
         timeout: float = 30.0,
         ca_file: str | os.PathLike[str] | None = None,
         ca_fingerprint: str | None = None,
@@ -71,7 +77,7 @@ class Client:
             given = tls.Trust(ca_pem=config.ca_file_read(ca_file), source=f"ca_file={os.fspath(ca_file)}")
         elif insecure:
             given = tls.Trust(source="insecure=True", insecure=True)
-        self.target = config.find_target(server=server, token=token, context=context, trust=given)
+        self.target = config.find_target(server=server, token=token, context=context, trust=given, namespace=namespace)
         if ca_fingerprint is not None:
             pem = tls.ca_fetch(self.target.server, ca_fingerprint, timeout=timeout)
             self.target = dataclasses.replace(
@@ -85,18 +91,23 @@ class Client:
             )
         self.timeout = timeout
         self._transport = Transport(self.target.server, self.target.token, timeout=timeout, trust=self.target.trust)
-        self.records = Records(self._transport)
+        self.records = Records(self._transport, namespace=self.namespace)
         self.logs = Logs(self._transport)
-        self.runs = Runs(self._transport)
+        self.runs = Runs(self._transport, namespace=self.namespace)
         self.stands = Stands(self._transport)
-        self.artifacts = Artifacts(self._transport)
+        self.artifacts = Artifacts(self._transport, namespace=self.namespace)
 
     def __repr__(self) -> str:
-        return f"Client({self.server!r}, context={self.target.context!r})"
+        return f"Client({self.server!r}, context={self.target.context!r}, namespace={self.namespace!r})"
 
     @property
     def server(self) -> str:
         return self.target.server
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace listings narrow to (``None``: every namespace the caller may see)."""
+        return self.target.namespace
 
     @property
     def token(self) -> str:

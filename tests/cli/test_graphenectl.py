@@ -83,7 +83,7 @@ def test_login_saves_a_private_context_and_whoami_uses_it(server: Server, tmp_pa
     assert "local" in table
 
     contexts = ctl.ok("ctx", "list", "-o", "json").json()
-    assert contexts == [{"name": "local", "server": server.url, "user": "admin", "current": True}]
+    assert contexts == [{"name": "local", "server": server.url, "user": "admin", "namespace": None, "current": True}]
     assert server.token not in ctl.ok("ctx", "show").out, "no output may carry the token"
     assert server.token not in ctl.ok("ctx", "show", "-o", "yaml").out
 
@@ -245,7 +245,7 @@ def test_get_describe_tree_and_events_match_the_api(server: Server, ctl: Ctl, tm
     assert listed == api
     assert [r["name"] for r in listed] == ["net"]
     table = ctl.ok("get", "records", "--owner", parent_id).out.splitlines()
-    assert table[0].split()[:4] == ["ID", "KIND", "NAME", "PHASE"]
+    assert table[0].split()[:5] == ["NAMESPACE", "ID", "KIND", "NAME", "PHASE"]  # no namespace chosen: all
     assert applied["id"] in table[1]
     assert "box" in table[1]
     assert "ready" in table[1]

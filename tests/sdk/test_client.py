@@ -43,7 +43,7 @@ def token(django_user_model: Any) -> str:
 @pytest.fixture
 def client(web: WebServer, token: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Client:
     """A client given the server and token (no contexts file, no GRAPHENE_* environment)."""
-    for name in ("GRAPHENE_SERVER", "GRAPHENE_TOKEN", "GRAPHENE_CONTEXT"):
+    for name in ("GRAPHENE_SERVER", "GRAPHENE_TOKEN", "GRAPHENE_CONTEXT", "GRAPHENE_NAMESPACE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
     return Client(web.url, token=token, ca_file=web.ca_file)

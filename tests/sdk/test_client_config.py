@@ -29,7 +29,14 @@ def token(django_user_model: Any) -> str:
 @pytest.fixture
 def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """This process's XDG_CONFIG_HOME, with no GRAPHENE_* variable set."""
-    for name in ("GRAPHENE_SERVER", "GRAPHENE_TOKEN", "GRAPHENE_CONTEXT", "GRAPHENE_CA_FILE", "GRAPHENE_INSECURE"):
+    for name in (
+        "GRAPHENE_SERVER",
+        "GRAPHENE_TOKEN",
+        "GRAPHENE_CONTEXT",
+        "GRAPHENE_NAMESPACE",
+        "GRAPHENE_CA_FILE",
+        "GRAPHENE_INSECURE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     return tmp_path / "config"
