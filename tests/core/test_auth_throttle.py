@@ -17,6 +17,7 @@ from websockets.sync.client import connect
 from websockets.typing import Origin
 
 from apps.core import throttle
+from tests.harness import tls
 from tests.harness.net import fetch_response
 from tests.harness.web import CHANNEL_LAYER_URL, WebServer
 
@@ -167,7 +168,11 @@ def ws_close(url: str, token: str, origin: str) -> int:
     before accepting is a 403 to the handshake: 403)."""
     try:
         with connect(
-            url, additional_headers={"Authorization": f"Token {token}"}, origin=Origin(origin), open_timeout=10
+            url,
+            additional_headers={"Authorization": f"Token {token}"},
+            origin=Origin(origin),
+            open_timeout=10,
+            ssl=tls.context() if url.startswith("wss://") else None,
         ) as socket:
             socket.recv(timeout=10)
     except InvalidStatus as refused:
@@ -182,7 +187,7 @@ def ws_close(url: str, token: str, origin: str) -> int:
 def test_websocket_refusals_count_and_refuse_with_4429(tmp_path: Any, redis_layer: None) -> None:
     server = WebServer(tmp_path, GRAPHENE_AUTH_FAILURES_PER_MINUTE="3").start()
     try:
-        ws = server.url.replace("http://", "ws://") + "/ws/runs/"
+        ws = server.ws_url + "/ws/runs/"
         # RunsConsumer refuses (4401) before accepting: the client reads a 403.
         assert [ws_close(ws, "wrong", server.url) for _ in range(3)] == [403, 403, 403]
         # Refused before it is authenticated: accepted, so that the client reads the code.

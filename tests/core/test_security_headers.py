@@ -130,5 +130,5 @@ def test_the_static_files_daphne_serves_carry_the_same_headers(web: WebServer) -
     assert status == 200
     assert {name: headers.get(name) for name in BASELINE} == BASELINE
     connect = directives(headers["Content-Security-Policy"])["connect-src"]
-    host = web.url.removeprefix("http://")
-    assert connect == f"'self' ws://{host} wss://{host}"
+    host = web.url.removeprefix("https://")
+    assert connect == f"'self' wss://{host}", "a page served over TLS opens its websockets over TLS only"
