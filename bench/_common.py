@@ -188,6 +188,14 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_run_ns(pid: int) -> int:
+    """Nanoseconds the main thread of process ``pid`` has run on a CPU so far
+    (``/proc/<pid>/schedstat``): fine enough to charge one query to a PostgreSQL backend (one
+    thread), where ``process_cpu_seconds`` counts in clock ticks (10 ms)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
 def analyze(*tables: str, vacuum: bool = False) -> None:
     from django.db import connection
 
@@ -275,9 +283,11 @@ def copy_trees(
     phase: str,
     name_prefix: str,
     with_events: bool = True,
+    namespace: str = "default",
 ) -> int:
     """COPY the given ``(tree_id, nodes)`` trees into records_record (and one ``declared``
-    event per record into records_event, as a real installation has). Returns rows written."""
+    event per record into records_event, as a real installation has), all in ``namespace``.
+    Returns rows written."""
     from django.db import connection, transaction
 
     now = datetime.now(UTC)
@@ -297,7 +307,7 @@ def copy_trees(
                             now,
                             root_kind if is_root else child_kind,
                             f"{name_prefix}-{tree_id}" if is_root else f"n{i}",
-                            "default",
+                            namespace,
                             "{}" if is_root else spec_json,
                             "{}",
                             phase,

@@ -268,6 +268,8 @@ def agent_ssh_install(
     manifest = {
         "agent_id": str(record.pk),
         "server": server,
+        # A server whose CA changed gets an agent that trusts the new one: not "current" any more.
+        "server_ca": hashlib.sha256(services.agent_server_ca(server_url=server).encode()).hexdigest(),
         "pyz_sha256": bundle.sha256,
         "labels": dict(sorted(record.labels.items())),
     }

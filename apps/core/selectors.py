@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Model, QuerySet
 
 from apps.core import access
 from apps.core.errors import NotFound
 from apps.core.models import Namespace, Role, RoleBinding
+from apps.core.tls import CA_FILE, ca_file_read
 
 M = TypeVar("M", bound=Model)
 
@@ -65,3 +68,17 @@ def binding_list(*, user: Any, namespace: str | None = None, subject: str | None
     if subject:
         qs = qs.filter(user__username=subject)
     return qs
+
+
+def tls_ca_pem() -> str | None:
+    """The CA certificate (PEM) clients and agents pin for this server: ``GRAPHENE_TLS_CA_FILE``,
+    else the local CA of ``graphene up`` when the server uses it (no ``GRAPHENE_TLS_CERT_FILE``)
+    and it exists; None for a certificate from a CA the machines already trust. Read at each
+    call: ``graphene up`` makes its CA after the settings are loaded. ``TLSError`` when a
+    configured file cannot be read."""
+    if settings.GRAPHENE_TLS_CA_FILE:
+        return ca_file_read(Path(settings.GRAPHENE_TLS_CA_FILE))
+    local = Path(settings.GRAPHENE_TLS_DIR) / CA_FILE
+    if settings.GRAPHENE_TLS_CERT_FILE or not local.exists():
+        return None
+    return ca_file_read(local)

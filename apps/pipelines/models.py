@@ -44,7 +44,7 @@ class Run(TimeStampedModel):
     )
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     # The pipeline's namespace when the run started (kept here: lists filter on it).
-    namespace = models.CharField(max_length=63, default="default", db_index=True)
+    namespace = models.CharField(max_length=63, default="default")  # indexed with created_at (Meta)
     inputs = models.JSONField(default=dict)
     outputs = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -64,9 +64,20 @@ class Run(TimeStampedModel):
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
     group = models.PositiveIntegerField(null=True, blank=True)
     group_index = models.PositiveIntegerField(null=True, blank=True)
+    # The start's idempotency key (a client's ``Idempotency-Key``, or one derived from the cause
+    # of a child run): a second start of the pipeline with it returns this run.
+    # NULL, not "": runs started without a key are outside the unique constraint.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["pipeline", "number"], name="run_unique_number")]
+        constraints = [
+            models.UniqueConstraint(fields=["pipeline", "number"], name="run_unique_number"),
+            models.UniqueConstraint(
+                fields=["pipeline", "idempotency_key"],
+                name="run_unique_idempotency_key",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+        ]
         indexes = [
             models.Index(fields=["status", "created_at"], name="run_status_created"),
             # Lease sweeper: only running runs carry a lease.
@@ -80,6 +91,8 @@ class Run(TimeStampedModel):
             ),
             models.Index(fields=["pipeline", "status", "number"], name="run_pipeline_turn"),
             models.Index(fields=["parent_run", "group", "status"], name="run_children"),
+            # Newest-first lists narrowed to the namespaces a user may read (apps/core/access.py).
+            models.Index(fields=["namespace", "created_at", "id"], name="run_namespace_newest"),
         ]
 
     def __str__(self) -> str:

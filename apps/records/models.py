@@ -70,6 +70,8 @@ class Record(MPTTModel, TimeStampedModel):
 
     class Meta:
         indexes = [
+            # Newest-first lists narrowed to the namespaces a user may read (apps/core/access.py).
+            models.Index(fields=["namespace", "created_at", "id"], name="record_namespace_newest"),
             models.Index(fields=["tree_id", "lft"], name="record_tree_lft"),
             models.Index(fields=["kind", "phase"], name="record_kind_phase"),
             # Newest first, ties broken by id (the API's cursor pages, the Studio's lists): the

@@ -9,6 +9,7 @@ import typer.core
 import typer.main
 
 from graphenectl import __version__
+from graphenectl._cmd_access import namespace_app, role_app
 from graphenectl._cmd_account import account_app, token_app
 from graphenectl._cmd_agent import agent_app
 from graphenectl._cmd_artifact import artifact_app
@@ -16,7 +17,9 @@ from graphenectl._cmd_auth import ctx_app, login, whoami
 from graphenectl._cmd_observe import metrics, trace
 from graphenectl._cmd_read import describe, events, get, logs, tree
 from graphenectl._cmd_run import run_app
+from graphenectl._cmd_secret import secret_app
 from graphenectl._cmd_write import apply, delete, extend, release, stand_app, transfer
+from graphenectl._options import AllNamespacesOpt, NamespaceOpt
 from graphenectl._output import write
 from graphenectl._session import session
 
@@ -26,8 +29,12 @@ Log in once with `graphenectl login --server URL --token-stdin`, then look with 
 `tree`, `events`, `logs`, `metrics` and `trace`; change records with `apply`, `delete`, `transfer`, \
 `extend` and `release`; \
 drive runs with `run start|watch|result|cancel|resume|list`; move files with `artifact get|put`; \
-enroll a machine with `agent create` and open a terminal on it with `agent shell`; manage your API \
-tokens with `token list|create|revoke` and service accounts with `account create|token|revoke|list`.
+enroll a machine with `agent create` and open a terminal on it with `agent shell`; keep secrets \
+with `secret set|list`. Who may do what where: `namespace`, `role` (and `role bind`); your API \
+tokens: `token list|create|revoke`; programs' identities: `account create|token|revoke|list`.
+
+Lists show the namespace chosen with -n (or GRAPHENE_NAMESPACE, or the context's: \
+`ctx set-namespace`); with none chosen, or -A, every namespace you may see.
 
 Data goes to stdout (-o table|wide|json|yaml|name); progress and hints go to stderr.
 
@@ -59,13 +66,16 @@ def root(
     request_timeout: Annotated[
         float, typer.Option("--request-timeout", min=1, help="seconds to wait for each API answer")
     ] = 30.0,
+    namespace: NamespaceOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
     ] = False,
 ) -> None:
-    """Global options (before the command)."""
+    """Global options (before the command; a command's own -n/-A win)."""
     session.context = context
     session.timeout = request_timeout
+    session.choose(namespace=namespace, all_namespaces=all_namespaces)
 
 
 SESSION = "Session"
@@ -94,6 +104,9 @@ app.add_typer(run_app, rich_help_panel=RUNS)
 app.add_typer(stand_app, rich_help_panel=RUNS)
 app.add_typer(artifact_app, rich_help_panel=RUNS)
 app.add_typer(agent_app, rich_help_panel=MACHINES)
+app.add_typer(secret_app, rich_help_panel=MACHINES)
+app.add_typer(namespace_app, rich_help_panel=ACCESS)
+app.add_typer(role_app, rich_help_panel=ACCESS)
 app.add_typer(token_app, rich_help_panel=ACCESS)
 app.add_typer(account_app, rich_help_panel=ACCESS)
 

@@ -17,12 +17,11 @@ import typer
 from graphene_sdk.validation import dns_label_problem
 
 from graphenectl._errors import NotFoundError, UsageError
-from graphenectl._options import OutputOpt
+from graphenectl._options import NamespaceOpt, OutputOpt
 from graphenectl._output import Column, Format, TableWriter, emit, info, note, to_json, to_yaml, warn, write
 from graphenectl._session import session
 from graphenectl._time import age, parse_duration, ttl
 
-DEFAULT_NAMESPACE = "default"
 VISIBLE_CHARS = 12  # what a list shows of a key (the server's VISIBLE_CHARS)
 
 
@@ -32,9 +31,6 @@ class KeyFormat(StrEnum):
     yaml = "yaml"
 
 
-NamespaceOpt = Annotated[
-    str, typer.Option("--namespace", "-n", help="the service account's namespace", show_default=True)
-]
 KeyOutputOpt = Annotated[
     KeyFormat,
     typer.Option(
@@ -62,8 +58,11 @@ def _checked(value: str, *, what: str) -> str:
     return value
 
 
-def _ns(namespace: str) -> dict[str, str]:
-    return {"namespace": _checked(namespace, what="namespace")}
+def _ns(namespace: str | None) -> dict[str, str]:
+    """The one namespace an account command acts in: -n, else GRAPHENE_NAMESPACE or the
+    context's, else 'default' (the server lists accounts one namespace at a time)."""
+    session.choose(namespace=namespace)
+    return {"namespace": _checked(session.create_namespace(), what="namespace")}
 
 
 def _token_body(expires_in: str | None, comment: str) -> dict[str, Any]:
@@ -154,7 +153,7 @@ def _account_name(account: dict[str, Any]) -> str:
 def account_create(
     name: Annotated[str, typer.Argument(metavar="NAME", help="a DNS label: lowercase letters, digits and '-'")],
     description: Annotated[str, typer.Option("--description", help="what it is for")] = "",
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    namespace: NamespaceOpt = None,
     output: OutputOpt = Format.table,
 ) -> None:
     """Create a service account: a user of its own (no password, not staff) for a program.
@@ -170,11 +169,15 @@ def account_create(
 
 
 @account_app.command("list")
-def account_list(namespace: NamespaceOpt = DEFAULT_NAMESPACE, output: OutputOpt = Format.table) -> None:
+def account_list(namespace: NamespaceOpt = None, output: OutputOpt = Format.table) -> None:
     """The namespace's service accounts (deleted ones too) and their live tokens."""
-    accounts, _ = session.client().list("accounts/", _ns(namespace), limit=None)
+    params = _ns(namespace)
+    accounts, _ = session.client().list("accounts/", params, limit=None)
     if not accounts and output in (Format.table, Format.wide):
-        info(f"no service accounts in namespace {namespace!r}; create one with `graphenectl account create NAME`")
+        info(
+            f"no service accounts in namespace {params['namespace']!r}; "
+            "create one with `graphenectl account create NAME`"
+        )
         return
     emit(accounts, output, columns=ACCOUNT_COLUMNS, name_of=_account_name)
 
@@ -182,7 +185,7 @@ def account_list(namespace: NamespaceOpt = DEFAULT_NAMESPACE, output: OutputOpt 
 @account_app.command("describe")
 def account_describe(
     name: Annotated[str, typer.Argument(metavar="NAME", help="the service account")],
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    namespace: NamespaceOpt = None,
     output: OutputOpt = Format.table,
 ) -> None:
     """A service account and its tokens (ids, first characters, status, expiry; never a key)."""
@@ -215,7 +218,7 @@ def account_token(
     name: Annotated[str, typer.Argument(metavar="NAME", help="the service account")],
     expires_in: ExpiresInOpt = None,
     comment: CommentOpt = "",
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    namespace: NamespaceOpt = None,
     output: KeyOutputOpt = KeyFormat.text,
 ) -> None:
     """Issue a token for a service account and print it, once.
@@ -224,8 +227,9 @@ def account_token(
     Examples: graphenectl account token ci --expires-in 30d --comment 'github actions' > ci.token
     """
     path = f"accounts/{_checked(name, what='name')}/tokens/"
-    issued = session.client().request("POST", path, params=_ns(namespace), body=_token_body(expires_in, comment)).body
-    _print_key(issued, output, whose=f"service account {namespace}/{name}")
+    params = _ns(namespace)
+    issued = session.client().request("POST", path, params=params, body=_token_body(expires_in, comment)).body
+    _print_key(issued, output, whose=f"service account {params['namespace']}/{name}")
 
 
 @account_app.command("revoke")
@@ -236,7 +240,7 @@ def account_revoke(
         typer.Argument(metavar="TOKEN", help="the token: its id, or its first characters as lists show them"),
     ] = None,
     all_tokens: Annotated[bool, typer.Option("--all", help="revoke every token of the account")] = False,
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    namespace: NamespaceOpt = None,
 ) -> None:
     """Revoke one token of a service account, or --all of them.
 
@@ -246,31 +250,33 @@ def account_revoke(
         raise UsageError("name one TOKEN, or pass --all (not both)")
     client = session.client()
     params = _ns(namespace)
+    chosen = params["namespace"]
     path = f"accounts/{_checked(name, what='name')}/tokens/"
     if all_tokens:
         revoked = client.request("DELETE", path, params=params).body["revoked_tokens"]
-        note(f"revoked {revoked} token(s) of service account {namespace}/{name}")
+        note(f"revoked {revoked} token(s) of service account {chosen}/{name}")
         return
     assert token is not None
     tokens, _ = client.list(path, params, limit=None)
-    found = _resolve_token(tokens, token, where=f"graphenectl account describe {name} --namespace {namespace}")
+    found = _resolve_token(tokens, token, where=f"graphenectl account describe {name} --namespace {chosen}")
     done = client.request("DELETE", f"{path}{found['id']}/", params=params).body
-    note(f"token {done['prefix']}… (id {done['id']}) of service account {namespace}/{name} revoked")
+    note(f"token {done['prefix']}… (id {done['id']}) of service account {chosen}/{name} revoked")
 
 
 @account_app.command("delete")
 def account_delete(
     name: Annotated[str, typer.Argument(metavar="NAME", help="the service account")],
-    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    namespace: NamespaceOpt = None,
 ) -> None:
     """Delete a service account: disable it and revoke its tokens at once.
 
     The account stays listed as deleted, and its name stays taken: what was granted to it by
     name must not pass to a new account.
     """
-    body = session.client().request("DELETE", f"accounts/{_checked(name, what='name')}/", params=_ns(namespace)).body
+    params = _ns(namespace)
+    body = session.client().request("DELETE", f"accounts/{_checked(name, what='name')}/", params=params).body
     note(
-        f"service account {namespace}/{name} deleted at {body['account']['disabled_at']}; "
+        f"service account {params['namespace']}/{name} deleted at {body['account']['disabled_at']}; "
         f"{body['revoked_tokens']} token(s) revoked"
     )
 

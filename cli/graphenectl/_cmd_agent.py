@@ -30,6 +30,7 @@ from graphenectl import __version__
 from graphenectl._client import _is_loopback
 from graphenectl._cmd_write import parse_labels
 from graphenectl._errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError, NotFoundError, UsageError
+from graphenectl._options import NamespaceOpt
 from graphenectl._output import info, note, write
 from graphenectl._resources import split_ref
 from graphenectl._session import record_id, session
@@ -60,7 +61,7 @@ def resolve_agent(ref: str) -> dict[str, Any]:
     else:
         body: dict[str, Any] = client.get(f"agents/{ident}/")
         return body
-    agents, _ = client.list("agents/", limit=None)
+    agents, _ = client.list("agents/", {"namespace": session.list_namespace()}, limit=None)
     named = [a for a in agents if a.get("name") == ident]
     if not named:
         raise NotFoundError(f"no agent named {ident!r}", hint="`graphenectl get agents` lists them")
@@ -83,7 +84,10 @@ def _refusal(code: int | None, detail: str, agent: str) -> CliError:
     if code == 4401:
         return CliError(f"the server refused the token ({detail}); log in again with `graphenectl login --token-stdin`")
     if code == 4403:
-        return CliError(f"permission denied: {detail}", hint="an administrator can grant agents.open_terminal")
+        return CliError(
+            f"permission denied: {detail}",
+            hint="terminals need a role granting open_terminal on agents in the agent's namespace (admin has it)",
+        )
     if code == 4404:
         return CliError(detail or f"no agent {agent}", exit_code=EXIT_NOT_FOUND)
     if code == 4400:
@@ -124,6 +128,8 @@ async def _session(url: str, headers: dict[str, str], origin: str, loopback: boo
             url,
             additional_headers=headers,
             origin=Origin(origin),
+            # wss: verified as the REST requests are (the context's pinned CA, or the system's).
+            ssl=session.client().ssl_context if url.startswith("wss://") else None,
             proxy=None if loopback else True,
             user_agent_header=f"graphenectl/{__version__}",
             open_timeout=session.timeout,
@@ -243,8 +249,9 @@ CREATE_HELP = (
     "nothing else prints it. The script needs sh and python3 (>= 3.9) on the machine, downloads the agent "
     "from the server, writes its config (mode 0600) and starts it; the agent dials out, and its record "
     "becomes ready when it says hello. Creating an existing agent again issues a fresh token.\n\n"
-    "The agent belongs to the stand root 'agents' unless --owner names another owner. Needs the "
-    "agents.add_agent permission.\n\n"
+    "The agent belongs to the stand root 'agents' of the namespace chosen (-n, GRAPHENE_NAMESPACE, the "
+    "context's; else 'default') unless --owner names another owner, whose namespace it then lives in. Needs a "
+    "role granting 'create agents' there (admin, agent-installer).\n\n"
     "Examples: graphenectl agent create builder-1 -l pool=ci > install.sh && scp install.sh builder-1: \n"
     "          graphenectl agent create web-1 --cloud-init > user-data.yaml"
 )
@@ -263,11 +270,15 @@ def create(
     cloud_init: Annotated[
         bool, typer.Option("--cloud-init", help="print #cloud-config user data instead of the shell script")
     ] = False,
+    namespace: NamespaceOpt = None,
 ) -> None:
     """Declare an agent and print its install data (see CREATE_HELP)."""
+    session.choose(namespace=namespace)
     body: dict[str, Any] = {"name": name, "labels": parse_labels(label or [])}
     if owner:
         body["owner"] = record_id(owner, owner=True)
+    else:
+        body["namespace"] = session.create_namespace()
     response = session.client().request("POST", "agents/", body=body)
     answer: dict[str, Any] = response.body
     agent = answer["agent"]
@@ -287,9 +298,9 @@ SHELL_HELP = (
     "Runs the login shell of the agent's user (or --command) in a PTY on the machine. Your terminal is in raw "
     "mode until it ends (every key, Ctrl-C too, goes to the remote program) and the remote size follows yours. "
     "When stdin is not a terminal (a pipe, a file), the input is sent as it comes and its end as Ctrl-D.\n\n"
-    "Needs the agents.open_terminal permission; who opened and closed each terminal is recorded as events on "
-    "the agent. Exits with the remote program's exit code (255 when it ended without one: it did not start, "
-    "or the agent went away).\n\n"
+    "Needs a role granting open_terminal on agents in the agent's namespace (admin); who opened and closed "
+    "each terminal is recorded as events on the agent. Exits with the remote program's exit code (255 when it "
+    "ended without one: it did not start, or the agent went away).\n\n"
     "Examples: graphenectl agent shell builder-1\n"
     "          echo 'uname -a' | graphenectl agent shell agent/<id>\n"
     "          graphenectl agent shell builder-1 --command 'journalctl -f'"

@@ -102,7 +102,8 @@ def find_artifact(ref: str, pipeline: str | None) -> dict[str, Any]:
     if _is_uuid(ident):
         body: dict[str, Any] = client.get(f"artifacts/{ident}/")
         return body
-    page = client.page("artifacts/", {"name": ident, "pipeline": pipeline, "limit": 1})
+    params = {"name": ident, "pipeline": pipeline, "namespace": session.list_namespace(), "limit": 1}
+    page = client.page("artifacts/", params)
     if not page.items:
         where = f" of pipeline {pipeline!r}" if pipeline else ""
         raise NotFoundError(

@@ -1,37 +1,79 @@
-"""``login``, ``whoami`` and the ``ctx`` group (named server + token pairs)."""
+"""``login``, ``whoami`` and the ``ctx`` group (named server + token pairs, each with the
+namespace its commands work in, if one is chosen)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import urllib.parse
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from graphene_sdk.tls import Trust
 
 from graphenectl import _config
 from graphenectl._client import Client, TokenRefused
-from graphenectl._errors import CliError, UsageError
+from graphenectl._errors import EXIT_NOT_FOUND, CliError, NotFoundError, UsageError
 from graphenectl._options import OutputOpt
 from graphenectl._output import Column, Format, emit, info, note
 from graphenectl._session import session
 
 
 def login(
-    server: Annotated[str, typer.Option("--server", "-s", help="the server's URL, e.g. http://127.0.0.1:8000")],
+    server: Annotated[str, typer.Option("--server", "-s", help="the server's URL, e.g. https://127.0.0.1:8000")],
     token_stdin: Annotated[
         bool, typer.Option("--token-stdin", help="read the API token from stdin (keeps it out of shell history)")
     ] = False,
     name: Annotated[str | None, typer.Option("--name", help="the context's name (default: host:port)")] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-file",
+            help="pin this CA certificate (PEM) for the server: `graphene up` names its <data dir>/tls/ca.pem",
+        ),
+    ] = None,
+    ca_fingerprint: Annotated[
+        str | None,
+        typer.Option(
+            "--ca-fingerprint",
+            metavar="SHA256",
+            help="pin the server's CA by its SHA-256 fingerprint (printed by `graphene up` and `graphene tls`): "
+            "the CA is fetched from the server and kept only if it has this fingerprint",
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option("--insecure", help="allow a plain http:// server: the token and all data travel unencrypted"),
+    ] = False,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            metavar="NS",
+            help="the namespace the context's commands work in (default: none chosen, every one you may see)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Check a token against a server and save both as a context, which becomes the current one.
 
-    The token is checked with /api/v1/whoami/ first; nothing is saved if the server refuses it.
+    The token is checked with /api/v1/whoami/ first (and --namespace with /api/v1/namespaces/NS/);
+    nothing is saved if the server refuses either.
     `graphene up` prints the admin's token on its first start (and saves it in
-    <data dir>/admin-credentials.json):
+    <data dir>/admin-credentials.json), and serves HTTPS with a CA of its own, which the context
+    pins: every later request and websocket to this server trusts that CA and nothing else.
 
-      jq -r .token .graphene/admin-credentials.json | graphenectl login --server http://127.0.0.1:8000 --token-stdin
+      jq -r .token .graphene/admin-credentials.json |
+        graphenectl login --server https://127.0.0.1:8000 --ca-file .graphene/tls/ca.pem --token-stdin
+
+    A server whose certificate comes from a CA this machine already trusts needs neither
+    --ca-file nor --ca-fingerprint. A plain http:// server needs --insecure.
     """
     url = _config.normalize_server(server)
+    trust = _login_trust(url, ca_file=ca_file, ca_fingerprint=ca_fingerprint, insecure=insecure)
+    chosen = _context_namespace(namespace) if namespace is not None else ""
     if token_stdin:
         token = sys.stdin.read().strip()
     elif sys.stdin.isatty():
@@ -40,21 +82,89 @@ def login(
         raise UsageError("pass the token on stdin with --token-stdin (or run login in a terminal to be asked)")
     if not token:
         raise UsageError("no token was given (stdin was empty)")
+    if ca_fingerprint is not None:
+        trust = Trust(ca_pem=_config.ca_fetch(url, ca_fingerprint, timeout=session.timeout), source="--ca-fingerprint")
+    client = Client(url, token, timeout=session.timeout, trust=trust)
     try:
-        who = Client(url, token, timeout=session.timeout).get("whoami/")
+        who = client.get("whoami/")
     except TokenRefused:
         raise CliError(
             f"{url} refused this token; nothing was saved",
             hint="copy the token again (`graphene up` prints the admin's on first start and keeps it in "
             "<data dir>/admin-credentials.json)",
         ) from None
+    except CliError as exc:
+        raise CliError(f"{exc.message}; nothing was saved", hint=exc.hint, exit_code=exc.exit_code) from None
+    if chosen:
+        _namespace_seen(client, chosen, what="nothing was saved")
     config = _config.load()
     context = name or _config.default_context_name(url)
-    config.contexts[context] = _config.ContextEntry(name=context, server=url, token=token, user=who["username"])
+    config.contexts[context] = _config.ContextEntry(
+        name=context,
+        server=url,
+        token=token,
+        user=who["username"],
+        ca=trust.ca_pem,
+        insecure=trust.insecure,
+        namespace=chosen,
+    )
     config.current = context
     _config.save(config)
-    note(f"logged in to {url} as {who['username']} (server {who.get('server_version')}); context {context!r}")
+    where = f", namespace {chosen!r}" if chosen else ""
+    note(f"logged in to {url} as {who['username']} (server {who.get('server_version')}); context {context!r}{where}")
+    if trust.ca_pem:
+        info(f"pinned the server's CA {trust.fingerprint}: requests to {url} trust it and nothing else")
     info(f"saved in {config.path}")
+
+
+def _context_namespace(name: str) -> str:
+    """A namespace a context may remember: a name (``*`` is what no choice means already)."""
+    if name == _config.EVERY_NAMESPACE:
+        raise UsageError(
+            "a context remembers one namespace; to see every namespace, choose none (ctx set-namespace --unset)"
+        )
+    return _config.check_namespace(name, source="namespace")
+
+
+def _namespace_seen(client: Client, name: str, *, what: str) -> None:
+    """Refuse a namespace the server does not show this token (a typo, or no binding there)."""
+    try:
+        client.get(f"namespaces/{name}/")
+    except CliError as exc:
+        if exc.exit_code != EXIT_NOT_FOUND:
+            raise
+        raise NotFoundError(
+            f"no namespace {name!r} among those this token's user holds a role binding in; {what}",
+            hint="graphenectl namespace list shows them",
+        ) from None
+
+
+def _login_trust(url: str, *, ca_file: Path | None, ca_fingerprint: str | None, insecure: bool) -> Trust:
+    """What the new context will trust, from the options (the fingerprint's CA is fetched later)."""
+    if urllib.parse.urlsplit(url).scheme == "http":
+        if ca_file is not None or ca_fingerprint is not None:
+            raise UsageError(f"--ca-file and --ca-fingerprint pin the CA of an https:// server; {url} is plain HTTP")
+        if not insecure:
+            raise UsageError(
+                f"{url} is plain HTTP: the token and everything else would cross the network unencrypted",
+                hint=f"use the server's https:// address, or accept plain HTTP with "
+                f"`graphenectl login --server {url} --insecure --token-stdin`",
+            )
+        sys.stderr.write(
+            f"graphenectl: WARNING: --insecure: {url} is plain HTTP. The token and everything you send or "
+            "read cross the network unencrypted; anyone on the path can read and change them.\n"
+        )
+        return Trust(source="--insecure", insecure=True)
+    if insecure:
+        raise UsageError(
+            "--insecure is only for plain http:// servers: an https:// server's certificate is always verified",
+            hint="pin its CA with --ca-file or --ca-fingerprint",
+        )
+    if ca_file is not None and ca_fingerprint is not None:
+        raise UsageError("pass --ca-file or --ca-fingerprint, not both")
+    if ca_file is not None:
+        return Trust(ca_pem=_config.ca_file_read(ca_file), source=f"--ca-file {ca_file}")
+    return Trust(source="the system's trust store")
 
 
 WHOAMI_COLUMNS = [
@@ -89,12 +199,20 @@ CTX_COLUMNS = [
     Column("NAME", lambda c: c["name"]),
     Column("SERVER", lambda c: c["server"]),
     Column("USER", lambda c: c["user"] or "-"),
+    Column("NAMESPACE", lambda c: c["namespace"] or "-"),
 ]
 
 
 def _public(entry: _config.ContextEntry, current: str | None) -> dict[str, Any]:
-    """A context without its token: output must never carry secrets."""
-    return {"name": entry.name, "server": entry.server, "user": entry.user, "current": entry.name == current}
+    """A context without its token: output must never carry secrets. ``namespace`` is null
+    when none is chosen (every namespace the user may see)."""
+    return {
+        "name": entry.name,
+        "server": entry.server,
+        "user": entry.user,
+        "namespace": entry.namespace or None,
+        "current": entry.name == current,
+    }
 
 
 @ctx_app.command("list")
@@ -125,34 +243,96 @@ def ctx_show(
     name: Annotated[str | None, typer.Argument(help="a context (default: the one in use)")] = None,
     output: OutputOpt = Format.table,
 ) -> None:
-    """Where commands go: the server, user and where each setting comes from (never the token)."""
+    """Where commands go: the server, user, what its TLS trusts and where each setting comes from (never the token)."""
     config = _config.load()
     if name:
         if name not in config.contexts:
             raise UsageError(f"no context {name!r} (contexts: {', '.join(sorted(config.contexts)) or 'none'})")
         entry = config.contexts[name]
-        data = {**_public(entry, config.current), "server_from": f"context {name!r}", "token_from": f"context {name!r}"}
+        data = {
+            **_public(entry, config.current),
+            "server_from": f"context {name!r}",
+            "token_from": f"context {name!r}",
+            "namespace_from": f"context {name!r}" if entry.namespace else "none chosen",
+        }
+        trust = Trust(ca_pem=entry.ca, source=f"context {name!r}", insecure=entry.insecure)
+        data["tls"] = trust.describe() if entry.ca or entry.insecure else "the system's trust store"
     else:
-        target = _config.resolve(config, session.context)
+        target = session.target()
         entry_user = config.contexts[target.context].user if target.context else ""
         data = {
             "name": target.context,
             "server": target.server,
             "user": entry_user,
+            "namespace": target.namespace,
             "current": target.context == config.current,
             "server_from": target.server_from,
             "token_from": target.token_from,
+            "namespace_from": target.namespace_from,
+            "tls": target.trust.describe(),
         }
     data["config"] = str(config.path)
-    overrides = [v for v in (_config.ENV_SERVER, _config.ENV_TOKEN, _config.ENV_CONTEXT) if os.environ.get(v)]
+    names = (
+        _config.ENV_SERVER,
+        _config.ENV_TOKEN,
+        _config.ENV_CONTEXT,
+        _config.ENV_NAMESPACE,
+        _config.ENV_CA_FILE,
+        _config.ENV_INSECURE,
+    )
+    overrides = [v for v in names if os.environ.get(v)]
     data["environment_overrides"] = overrides
     if output in (Format.table, Format.wide):
         width = max(len(k) for k in data) + 2
         for key, value in data.items():
             shown = ", ".join(value) if isinstance(value, list) else value
+            if key == "namespace" and shown in (None, ""):
+                shown = "- (every namespace you may see)"
             sys.stdout.write(f"{key + ':':<{width}}{'-' if shown in (None, '') else shown}\n")
     else:
         emit(data, output, columns=CTX_COLUMNS, name_of=lambda c: f"context/{c['name']}")
+
+
+@ctx_app.command("set-namespace")
+def ctx_set_namespace(
+    namespace: Annotated[
+        str | None, typer.Argument(metavar="NS", help="the namespace the context's commands work in")
+    ] = None,
+    unset: Annotated[bool, typer.Option("--unset", help="choose none: lists show every namespace you may see")] = False,
+) -> None:
+    """Remember NS in the context in use (--context, GRAPHENE_CONTEXT, else the current one).
+
+    Its commands then work in NS unless -n or GRAPHENE_NAMESPACE says otherwise. NS is checked
+    with the server first: nothing is saved for a namespace it does not show you.
+    """
+    if (namespace is None) == (not unset):
+        raise UsageError("give a namespace, or --unset to choose none")
+    chosen = _context_namespace(namespace) if namespace is not None else ""
+    config = _config.load()
+    context = session.context or os.environ.get(_config.ENV_CONTEXT) or config.current
+    if not context or context not in config.contexts:
+        known = ", ".join(sorted(config.contexts)) or "none"
+        raise UsageError(
+            f"no context {context!r} to remember a namespace in (contexts: {known})"
+            if context
+            else f"no context to remember a namespace in; log in first, or set {_config.ENV_NAMESPACE}",
+            hint=_config.LOGIN_HINT,
+        )
+    entry = config.contexts[context]
+    if chosen:  # asked of the context's own server, as its user (not GRAPHENE_SERVER/GRAPHENE_TOKEN's)
+        trust = _config.trust_for(entry.server, config=config, selected=entry)
+        _namespace_seen(
+            Client(entry.server, entry.token, timeout=session.timeout, trust=trust), chosen, what="nothing was saved"
+        )
+    entry.namespace = chosen
+    _config.save(config)
+    if chosen:
+        note(f"context {context!r} works in namespace {chosen!r}")
+    else:
+        note(f"context {context!r} chooses no namespace: lists show every namespace you may see")
+    overridden = os.environ.get(_config.ENV_NAMESPACE)
+    if overridden:
+        info(f"{_config.ENV_NAMESPACE}={overridden} is set here and wins over the context's namespace")
 
 
 @ctx_app.command("remove")

@@ -16,7 +16,7 @@ from rich.tree import Tree
 
 from graphenectl import _inputs
 from graphenectl._errors import EXIT_FAILURE, EXIT_NOT_FOUND, CliError, UsageError
-from graphenectl._options import IntervalOpt, OutputOpt, Severity
+from graphenectl._options import AllNamespacesOpt, IntervalOpt, NamespaceOpt, OutputOpt, Severity
 from graphenectl._output import (
     Column,
     Format,
@@ -40,6 +40,7 @@ from graphenectl._resources import (
     RUN_COLUMNS,
     Resource,
     complete_resource,
+    namespace_columns,
     resource,
     split_ref,
 )
@@ -171,6 +172,7 @@ def _listing(
         return Listing(res, res.columns, res.name_of, single, res.key)
 
     owner_id = record_id(owner) if owner else None
+    chosen = session.list_namespace() if res.namespaced else None
 
     def many() -> tuple[Any, list[dict[str, Any]]]:
         if not res.paginated:
@@ -199,13 +201,16 @@ def _listing(
             params = {"label": labels}
         elif res.name == "artifact":
             params = {"label": labels, "pipeline": pipeline}
+        if chosen is not None:
+            params["namespace"] = chosen
         items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
         if more and not quiet:
             which = "first" if res.name == "pipeline" else "newest"  # pipelines come in name order
             info(f"showing the {which} {len(items)} {res.plural}; more exist (--limit N shows more)")
         return items, items
 
-    return Listing(res, res.columns, res.name_of, many, res.key)
+    columns = namespace_columns(res.columns, chosen) if res.namespaced else res.columns
+    return Listing(res, columns, res.name_of, many, res.key)
 
 
 def _watch(listing: Listing, fmt: Format, interval: float) -> None:
@@ -274,9 +279,15 @@ def get(
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = DEFAULT_LIMIT,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling and show changes until Ctrl-C")] = False,
     interval: IntervalOpt = 2.0,
+    namespace: NamespaceOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
     output: OutputOpt = Format.table,
 ) -> None:
     """List records, runs, pipelines, stands, agents, kinds, orphans or artifacts, or show one by ID.
+
+    Records, runs, pipelines, agents and artifacts are listed in the namespace chosen (-n,
+    GRAPHENE_NAMESPACE, the context's); with none chosen, or -A, in every namespace you may
+    see, with a NAMESPACE column.
 
     Examples:
 
@@ -291,7 +302,10 @@ def get(
       graphenectl get artifacts --pipeline build -o wide
 
       graphenectl get records -w            (live; Ctrl-C stops)
+
+      graphenectl get runs -n team-a        (graphenectl get runs -A: every namespace)
     """
+    session.choose(namespace=namespace, all_namespaces=all_namespaces)
     res = resource(resource_type)
     listing = _listing(
         res,
@@ -313,7 +327,9 @@ def get(
         return
     data, rows = listing.fetch()
     if output in (Format.table, Format.wide) and not rows:
-        info(f"no {res.plural} found" if not ident else "nothing held")
+        chosen = session.list_namespace() if res.namespaced else None
+        where = f" in namespace {chosen!r}" if chosen else ""
+        info(f"no {res.plural} found{where}" if not ident else "nothing held")
         return
     # JSON and YAML print the API's answer as it came; tables and names print its rows
     # (for `get stands PIPELINE`, the holdings, not the stand's envelope).

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
+from graphene_sdk._retry import IDEMPOTENCY_HEADER, new_idempotency_key, retrying
 from rich.console import Group
 from rich.live import Live
 from rich.text import Text
@@ -19,7 +20,7 @@ from graphenectl._client import Cursor
 from graphenectl._cmd_read import INPUT_COLUMNS, Transient, flatten, get, log_line, render_tree, waiting_on
 from graphenectl._cmd_write import read_document
 from graphenectl._errors import EXIT_INTERRUPTED, CliError, UsageError
-from graphenectl._options import IntervalOpt, OutputOpt
+from graphenectl._options import AllNamespacesOpt, IntervalOpt, NamespaceOpt, OutputOpt
 from graphenectl._output import (
     Format,
     emit,
@@ -30,6 +31,7 @@ from graphenectl._output import (
     status_style,
     to_json,
     to_yaml,
+    warn,
     write,
 )
 from graphenectl._resources import RESOURCES, RUN_COLUMNS, split_ref
@@ -51,7 +53,7 @@ def complete_pipeline(incomplete: str) -> list[str]:
     """Pipeline names from the server, for shell completion; nothing if it cannot be asked quickly."""
     try:
         session.timeout = 2.0
-        pipelines, _ = session.client().list("pipelines/", limit=None)
+        pipelines, _ = session.client().list("pipelines/", {"namespace": session.list_namespace()}, limit=None)
         return [p["name"] for p in pipelines if p["name"].startswith(incomplete)]
     except Exception:  # completion must never print a traceback into the shell
         return []
@@ -320,8 +322,19 @@ def start(
         Format | None,
         typer.Option("--output", "-o", case_sensitive=False, help="print the run: table|wide|json|yaml|name"),
     ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="a key of yours (a CI build id): starting again with it answers the run it started "
+            "instead of starting another (default: a fresh key per command)",
+        ),
+    ] = None,
 ) -> None:
     """Start a run; inputs are checked against the pipeline's schema before anything is sent.
+
+    A start that meets a connection error, a timeout or a server error (5xx) is retried with
+    backoff under the same idempotency key: a run is started once, however many tries it takes.
 
     Examples:
 
@@ -338,9 +351,27 @@ def start(
     if help_inputs:
         _print_fields(definition, output or Format.table)
         return
+    chosen, lives_in = session.list_namespace(), definition.get("namespace")
+    if chosen and lives_in and chosen != lives_in:
+        # A pipeline's code names its namespace; a namespace chosen for commands does not move it.
+        warn(f"pipeline {pipeline!r} lives in namespace {lives_in!r} (its code says so); the run starts there")
     base = read_document(inputs_file, option="--inputs") if inputs_file else {}
     inputs = check_inputs(definition, {} if base is None else base, input_ or [])
-    run = client.post(f"pipelines/{pipeline}/runs/", {"inputs": inputs})
+    key = idempotency_key or new_idempotency_key()
+
+    def retried(attempt: int, wait: float, exc: Exception) -> None:
+        info(f"start attempt {attempt} failed ({exc}); trying again in {wait:.1f}s with the same idempotency key")
+
+    answer = retrying(
+        lambda: client.request(
+            "POST", f"pipelines/{pipeline}/runs/", body={"inputs": inputs}, extra_headers={IDEMPOTENCY_HEADER: key}
+        ),
+        retryable=lambda exc: getattr(exc, "retryable", False),
+        on_retry=retried,
+    )
+    run = answer.body
+    if answer.headers.get("idempotent-replayed") == "true":  # header names are kept lowercased
+        note(f"this key ({key}) started run {title(run)} before: that run is answered, no other is started")
     note(f"started run {title(run)} ({run['status']}): run/{run['id']}")
     if not watch:
         info(f"watch it: graphenectl run watch {run['id']}")
@@ -437,9 +468,12 @@ def list_runs(
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many (newest first)")] = 100,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="keep polling until Ctrl-C")] = False,
     interval: IntervalOpt = 2.0,
+    namespace: NamespaceOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
     output: OutputOpt = Format.table,
 ) -> None:
-    """Runs, newest first (the same as `graphenectl get runs`)."""
+    """Runs, newest first (the same as `graphenectl get runs`): in the namespace chosen, else
+    in every namespace you may see."""
     get(
         "runs",
         None,
@@ -455,6 +489,8 @@ def list_runs(
         limit=limit,
         watch=watch,
         interval=interval,
+        namespace=namespace,
+        all_namespaces=all_namespaces,
         output=output,
     )
 

@@ -11,7 +11,7 @@ import typer
 import yaml
 
 from graphenectl._errors import CliError, UsageError
-from graphenectl._options import OutputOpt
+from graphenectl._options import NamespaceOpt, OutputOpt
 from graphenectl._output import Format, emit, info, note
 from graphenectl._resources import HOLDING_COLUMNS, RECORD_COLUMNS, RESOURCES, STAND_COLUMNS
 from graphenectl._session import record_id, session
@@ -72,10 +72,13 @@ def apply(
     ] = None,
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="k=v (repeatable)")] = None,
     ttl_opt: Annotated[str | None, typer.Option("--ttl", help="delete it after this long: 30m, 4h, 2d")] = None,
-    namespace: Annotated[str | None, typer.Option("--namespace", help="namespace (default: default)")] = None,
+    namespace: NamespaceOpt = None,
     output: OutputOpt = Format.name,
 ) -> None:
     """Declare a record of KIND named NAME under an owner; Graphene creates the object.
+
+    A record lives in its owner's namespace; a stand root (graphene.stand, no owner) in the
+    namespace chosen (-n, GRAPHENE_NAMESPACE, the context's), else in 'default'.
 
     Says what it did, as kubectl does: created (a new record), configured (its spec or labels
     changed: a new generation, which Graphene converges) or unchanged (declared as it is).
@@ -99,8 +102,9 @@ def apply(
         body["owner"] = record_id(owner, owner=True)
     if ttl_opt:
         body["ttl_seconds"] = parse_duration(ttl_opt, option="--ttl")
-    if namespace:
-        body["namespace"] = namespace
+    session.choose(namespace=namespace)
+    if not owner:
+        body["namespace"] = session.create_namespace()
     client = session.client()
     before = _declared(kind, name, body["owner"]) if body.get("owner") else None
     response = client.request("POST", "records/", body=body)

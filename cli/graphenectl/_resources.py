@@ -179,6 +179,7 @@ class Resource:
     columns: list[Column]
     key: str  # the field that names one item in URLs
     paginated: bool
+    namespaced: bool = False  # its list takes ?namespace= and its items say theirs
 
     def name_of(self, item: dict[str, Any]) -> str:
         return f"{self.name}/{item[self.key]}"
@@ -190,17 +191,28 @@ class Resource:
 RESOURCES = {
     r.name: r
     for r in [
-        Resource("record", "records", ("rec", "recs", "r"), "records", RECORD_COLUMNS, "id", True),
-        Resource("run", "runs", (), "runs", RUN_COLUMNS, "id", True),
-        Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", True),
+        Resource("record", "records", ("rec", "recs", "r"), "records", RECORD_COLUMNS, "id", True, True),
+        Resource("run", "runs", (), "runs", RUN_COLUMNS, "id", True, True),
+        Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", True, True),
         Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False),
-        Resource("agent", "agents", ("ag",), "agents", AGENT_COLUMNS, "id", True),
+        Resource("agent", "agents", ("ag",), "agents", AGENT_COLUMNS, "id", True, True),
         Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),
-        Resource("artifact", "artifacts", ("art", "arts"), "artifacts", ARTIFACT_COLUMNS, "id", True),
+        Resource("artifact", "artifacts", ("art", "arts"), "artifacts", ARTIFACT_COLUMNS, "id", True, True),
         Resource("orphan", "orphans", (), "orphans", EVENT_COLUMNS, "id", True),
     ]
 }
 _BY_ALIAS = {alias: r for r in RESOURCES.values() for alias in (r.name, r.plural, *r.aliases)}
+
+
+NAMESPACE_COLUMN = Column("NAMESPACE", lambda item: item.get("namespace"))
+
+
+def namespace_columns(columns: list[Column], chosen: str | None) -> list[Column]:
+    """``columns`` for a list in namespace ``chosen``; with none chosen (every namespace the
+    caller may see) a NAMESPACE column comes first, as with ``kubectl get -A``."""
+    if chosen is not None:
+        return columns
+    return [NAMESPACE_COLUMN, *(c for c in columns if c.header != "NAMESPACE")]
 
 
 def resource(word: str) -> Resource:

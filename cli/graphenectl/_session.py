@@ -1,4 +1,9 @@
-"""Per-invocation state: the global options, and the client built from the resolved context."""
+"""Per-invocation state: the global options, and the client built from the resolved context.
+
+The namespace a command works in comes from ``-n``/``--namespace`` (the command's own, else
+the one before the command), else ``GRAPHENE_NAMESPACE``, else the context's; with none
+chosen (or ``-A``), lists show every namespace the caller may see and creations go to
+``default``, the server's own default."""
 
 from __future__ import annotations
 
@@ -7,24 +12,55 @@ from typing import Any
 
 from graphenectl import _config
 from graphenectl._client import DEFAULT_TIMEOUT, Client
-from graphenectl._errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError, NotFoundError
+from graphenectl._errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError, NotFoundError, UsageError
 from graphenectl._resources import RESOURCES, split_ref
+
+DEFAULT_NAMESPACE = "default"  # where the server puts what names no namespace
 
 
 @dataclass
 class Session:
     context: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    namespace: str | None = None  # -n as given (checked), the command's over the global one
+    all_namespaces: bool = False  # -A: lists show every namespace whatever was chosen
     _client: Client | None = field(default=None, repr=False)
+    _target: _config.Target | None = field(default=None, repr=False)
+
+    def choose(self, *, namespace: str | None, all_namespaces: bool = False) -> None:
+        """Take ``-n``/``-A`` (the global ones, then a command's own, which win)."""
+        if namespace is not None and all_namespaces:
+            raise UsageError("-n/--namespace and -A/--all-namespaces exclude each other; give one")
+        if namespace is not None:
+            self.namespace, self.all_namespaces = _config.check_namespace(namespace), False
+        elif all_namespaces:
+            self.namespace, self.all_namespaces = None, True
+        self._target = None
 
     def target(self) -> _config.Target:
-        return _config.resolve(_config.load(), self.context)
+        if self._target is None:
+            self._target = _config.resolve(_config.load(), self.context, namespace=self.namespace)
+        return self._target
 
     def client(self) -> Client:
         if self._client is None:
             target = self.target()
-            self._client = Client(target.server, target.token, timeout=self.timeout)
+            self._client = Client(target.server, target.token, timeout=self.timeout, trust=target.trust)
         return self._client
+
+    def list_namespace(self) -> str | None:
+        """The namespace lists narrow to (``?namespace=``); ``None``: every namespace the caller
+        may see (``-A``, ``-n '*'``, or none chosen), and tables gain a NAMESPACE column."""
+        if self.all_namespaces:
+            return None
+        return self.target().namespace
+
+    def create_namespace(self) -> str:
+        """The one namespace a command acts in (a new stand, agent or secret goes there): the
+        one chosen, else ``default``."""
+        if self.namespace == _config.EVERY_NAMESPACE:
+            raise UsageError("-n '*' means every namespace; this command acts in one: give its name")
+        return self.target().namespace or DEFAULT_NAMESPACE
 
 
 session = Session()
@@ -77,8 +113,12 @@ def stand_id(pipeline: str, *, make: bool = False) -> str:
     client = session.client()
     stand = client.get(f"stands/{pipeline}/")
     if stand["id"] is None and make:
+        # In the pipeline's namespace (its code names it), where its runs' stand is made too.
+        namespace = client.get(f"pipelines/{pipeline}/").get("namespace") or DEFAULT_NAMESPACE
         try:
-            made: dict[str, Any] = client.post("records/", {"kind": "graphene.stand", "name": pipeline})
+            made: dict[str, Any] = client.post(
+                "records/", {"kind": "graphene.stand", "name": pipeline, "namespace": namespace}
+            )
             return str(made["id"])
         except CliError:
             stand = client.get(f"stands/{pipeline}/")  # made meanwhile (by a run, another command)?

@@ -212,7 +212,8 @@ class RunInfo:
     """A run as the server reports it. ``record`` is the root record of what it owns (its log
     and tree hang there); ``parent`` is the run that started it (``ctx.run``), if any.
     ``journal`` is filled by ``runs.get`` (at most the first 1000 calls,
-    ``journal_truncated`` says if there are more), empty otherwise."""
+    ``journal_truncated`` says if there are more), empty otherwise. ``namespace`` is its
+    pipeline's."""
 
     id: str
     pipeline: str
@@ -233,6 +234,7 @@ class RunInfo:
     journal: tuple[JournalEntry, ...] = ()
     journal_truncated: bool = False
     parent: str | None = None
+    namespace: str = "default"
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> RunInfo:
@@ -258,6 +260,7 @@ class RunInfo:
             journal=tuple(JournalEntry.from_api(e) for e in data.get("journal") or []),
             journal_truncated=bool(data.get("journal_truncated")),
             parent=_str_or_none(run.get("parent")),
+            namespace=str(run.get("namespace") or "default"),
         )
 
     @property
@@ -366,6 +369,7 @@ class ArtifactInfo:
     created_at: datetime | None
     content_url: str
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    namespace: str = "default"
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> ArtifactInfo:
@@ -384,4 +388,5 @@ class ArtifactInfo:
             created_at=_time(data.get("created_at")),
             content_url=str(data.get("content_url") or ""),
             raw=data,
+            namespace=str(data.get("namespace") or "default"),
         )

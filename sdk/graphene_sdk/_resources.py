@@ -1,7 +1,9 @@
 """The ``Client``'s nouns: ``records``, ``logs``, ``runs``, ``stands`` and ``artifacts``.
 
 Each is a small class over the transport; listings return ``Paged`` (an iterator over every
-item that fetches cursor pages as it goes, or ``.pages()``).
+item that fetches cursor pages as it goes, or ``.pages()``). Listings of what lives in a
+namespace take ``namespace=``: the client's (``Client(namespace=)``, ``GRAPHENE_NAMESPACE``,
+the context's) when not given, ``"*"`` for every namespace the caller may see.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
-from graphene_sdk._errors import ClientError
+from graphene_sdk._errors import ClientError, ConfigError
 from graphene_sdk._http import CHUNK, EventStream, Paged, Params, Transport
 from graphene_sdk._models import (
     ArtifactInfo,
@@ -62,6 +64,19 @@ def _csv(values: str | Iterable[str] | None) -> str | None:
     return ",".join(v.strip() for value in values for v in value.split(",") if v.strip()) or None
 
 
+def _namespace(default: str | None, given: str | None) -> str | None:
+    """The namespace a listing narrows to: ``given`` (``"*"``: none, every namespace the caller
+    may see), else the client's ``default``; ``ValueError`` for a name no namespace can have."""
+    from graphene_sdk import config
+
+    if given is None:
+        return default
+    try:
+        return config.normalize_namespace(config.check_namespace(given, source="namespace"))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _when(value: datetime | str | None) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else value
 
@@ -76,8 +91,9 @@ def _seconds(value: timedelta | float | None) -> int | None:
 class Records:
     """Records: list with selectors, get, tree, events."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, *, namespace: str | None = None) -> None:
         self._t = transport
+        self._namespace = namespace
 
     def list(
         self,
@@ -88,10 +104,12 @@ class Records:
         labels: Labels | None = None,
         name_prefix: str | None = None,
         include_deleted: bool = False,
+        namespace: str | None = None,
         page_size: int = 100,
     ) -> Paged[RecordInfo]:
         """Records newest first. ``phase``: one or more phases; ``owner``: a record id (its
-        direct children); ``labels``: ``{"team": "ci"}`` or ``["team=ci"]``, all must match.
+        direct children); ``labels``: ``{"team": "ci"}`` or ``["team=ci"]``, all must match;
+        ``namespace``: the client's if not given, ``"*"`` for every one you may see.
         Deleted records (tombstones) are left out unless ``include_deleted`` or a ``phase``
         asks for them, as in ``graphenectl get records``."""
         phases = _csv(phase)
@@ -101,6 +119,7 @@ class Records:
             "owner": owner,
             "label": _labels(labels),
             "name_prefix": name_prefix,
+            "namespace": _namespace(self._namespace, namespace),
         }
         alive = None if phases or include_deleted else (lambda r: r.phase != "deleted")
         return Paged(self._t, "records/", params, RecordInfo.from_api, page_size=page_size, keep=alive)
@@ -291,8 +310,9 @@ class Logs:
 class Runs:
     """Runs: list, get, status history, cancel, resume, watch, wait."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, *, namespace: str | None = None) -> None:
         self._t = transport
+        self._namespace = namespace
 
     def list(
         self,
@@ -300,10 +320,17 @@ class Runs:
         pipeline: str | None = None,
         status: str | Iterable[str] | None = None,
         parent: str | None = None,
+        namespace: str | None = None,
         page_size: int = 100,
     ) -> Paged[RunInfo]:
-        """Runs newest first: of one pipeline, in some statuses, started by run ``parent``."""
-        params: Params = {"pipeline": pipeline, "status": _csv(status), "parent": parent}
+        """Runs newest first: of one pipeline, in some statuses, started by run ``parent``, in
+        ``namespace`` (the client's if not given, ``"*"`` for every one you may see)."""
+        params: Params = {
+            "pipeline": pipeline,
+            "status": _csv(status),
+            "parent": parent,
+            "namespace": _namespace(self._namespace, namespace),
+        }
         return Paged(self._t, "runs/", params, RunInfo.from_api, page_size=page_size)
 
     def get(self, run_id: str) -> RunInfo:
@@ -379,11 +406,13 @@ class Stands:
 
     def ensure(self, pipeline: str) -> str:
         """The id of the pipeline's stand, made now if nothing was handed to it yet (to hold
-        an uploaded artifact, say), as ``graphenectl apply graphene.stand PIPELINE`` would."""
+        an uploaded artifact, say), as ``graphenectl apply graphene.stand PIPELINE`` would: in
+        the pipeline's namespace, where its runs hand things over."""
         stand = self.get(pipeline)
         if stand.id is None:
+            namespace = self._t.get(f"pipelines/{pipeline}/").get("namespace") or "default"
             try:
-                made = self._t.post("records/", {"kind": "graphene.stand", "name": pipeline})
+                made = self._t.post("records/", {"kind": "graphene.stand", "name": pipeline, "namespace": namespace})
                 return str(made["id"])
             except ClientError:
                 stand = self.get(pipeline)  # made meanwhile, by a run or another client?
@@ -397,8 +426,9 @@ class Artifacts:
     Reads check the bytes against the artifact's sha256; uploads send their digest so that
     the server refuses damaged bytes."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, *, namespace: str | None = None) -> None:
         self._t = transport
+        self._namespace = namespace
 
     def list(
         self,
@@ -408,16 +438,19 @@ class Artifacts:
         run: str | None = None,
         labels: Labels | None = None,
         include_deleted: bool = False,
+        namespace: str | None = None,
         page_size: int = 100,
     ) -> Paged[ArtifactInfo]:
         """Artifacts newest first: of a name, of a pipeline (held by its stand or published by
-        its runs), published by a run, with labels."""
+        its runs), published by a run, with labels, in ``namespace`` (the client's if not
+        given, ``"*"`` for every one you may see)."""
         params: Params = {
             "name": name,
             "pipeline": pipeline,
             "run": run,
             "label": _labels(labels),
             "include_deleted": include_deleted,
+            "namespace": _namespace(self._namespace, namespace),
         }
         return Paged(self._t, "artifacts/", params, ArtifactInfo.from_api, page_size=page_size)
 
@@ -425,9 +458,10 @@ class Artifacts:
         """An artifact's metadata by id."""
         return ArtifactInfo.from_api(self._t.get(f"artifacts/{artifact_id}/"))
 
-    def find(self, name: str, *, pipeline: str | None = None) -> ArtifactInfo:
-        """The newest artifact of this name (of ``pipeline``'s, if given); ``ClientError`` 404 if none."""
-        found = self.list(name=name, pipeline=pipeline, page_size=1).first(1)
+    def find(self, name: str, *, pipeline: str | None = None, namespace: str | None = None) -> ArtifactInfo:
+        """The newest artifact of this name (of ``pipeline``'s, if given, in ``namespace`` as
+        for ``list``); ``ClientError`` 404 if none."""
+        found = self.list(name=name, pipeline=pipeline, namespace=namespace, page_size=1).first(1)
         if not found:
             where = f" of pipeline {pipeline!r}" if pipeline else ""
             raise ClientError(f"no artifact named {name!r}{where}", status=404, code="not_found")

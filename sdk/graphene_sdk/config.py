@@ -1,13 +1,27 @@
 """Where a client connects: graphenectl's contexts and the ``GRAPHENE_*`` environment.
 
 The one implementation both graphenectl and the SDK's ``Client`` use. A context is a named
-server URL and API token, kept in ``$XDG_CONFIG_HOME/graphene/config.yaml`` (default
-``~/.config/graphene/config.yaml``); one is current. ``graphenectl login`` writes them.
+server URL and API token (and, optionally, the namespace its commands work in), kept in
+``$XDG_CONFIG_HOME/graphene/config.yaml`` (default ``~/.config/graphene/config.yaml``); one
+is current. ``graphenectl login`` writes them.
 
 Resolution (``resolve``): the context named by the caller (``--context``, ``Client(context=)``),
 else ``GRAPHENE_CONTEXT``, else the current one; then ``GRAPHENE_SERVER`` and
 ``GRAPHENE_TOKEN`` override its server and token one by one, which is how CI jobs connect
 without a config file. ``Target`` says where each value came from.
+
+The namespace is resolved the same way, strongest first: the caller's (``-n``,
+``Client(namespace=)``), ``GRAPHENE_NAMESPACE``, the context's, else none: lists then show
+every namespace the caller may see, and creations go to ``default``. ``*`` chosen anywhere
+means every namespace, as no choice does (it lets a flag or the environment override a
+context's namespace).
+
+TLS (``graphene_sdk.tls``): a context may pin its server's CA (``ca``, the PEM text ``login
+--ca-file``/``--ca-fingerprint`` saved) or allow plain HTTP (``insecure``, saved by ``login
+--insecure``). The pin belongs to the server: it applies whenever requests go to that server,
+whichever context or variable named it. ``GRAPHENE_CA_FILE`` (a PEM file) and
+``GRAPHENE_INSECURE=1`` do the same from the environment. An ``http://`` server without that
+permission is refused before anything is sent.
 
 The file holds tokens, so it is written with mode 0600 (atomically: a temporary file in the
 same directory, then a rename) inside a 0700 directory.
@@ -17,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,27 +41,45 @@ from urllib.parse import urlsplit
 import yaml
 
 from graphene_sdk._errors import ConfigError
+from graphene_sdk.tls import Trust, pem_certificates
 
 __all__ = [
+    "ENV_CA_FILE",
     "ENV_CONTEXT",
+    "ENV_INSECURE",
+    "ENV_NAMESPACE",
     "ENV_SERVER",
     "ENV_TOKEN",
+    "EVERY_NAMESPACE",
     "LOGIN_HINT",
+    "NAMESPACE_NAME",
     "Config",
     "ContextEntry",
     "Target",
+    "ca_file_read",
+    "check_namespace",
     "config_path",
     "default_context_name",
     "find_target",
     "load",
+    "normalize_namespace",
     "normalize_server",
     "resolve",
     "save",
+    "trust_for",
 ]
 
 ENV_SERVER = "GRAPHENE_SERVER"
 ENV_TOKEN = "GRAPHENE_TOKEN"  # noqa: S105 - the variable's name, not a token
 ENV_CONTEXT = "GRAPHENE_CONTEXT"
+ENV_CA_FILE = "GRAPHENE_CA_FILE"
+ENV_INSECURE = "GRAPHENE_INSECURE"
+ENV_NAMESPACE = "GRAPHENE_NAMESPACE"
+EVERY_NAMESPACE = "*"
+
+# A namespace's name, as the server makes them (apps.core.rbac.NAME; tests/cli pins the two
+# equal): checked here so that a typo is refused before anything is sent.
+NAMESPACE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 LOGIN_HINT = "graphenectl login --server URL --token-stdin"
 
@@ -59,12 +92,18 @@ def config_path() -> Path:
 
 @dataclass
 class ContextEntry:
-    """One saved context: a server, a token for it, and the user the token belongs to."""
+    """One saved context: a server, a token for it, the user the token belongs to, what
+    connections to the server trust: ``ca`` (a pinned CA's PEM; empty: the system's trust
+    store) or, for an ``http://`` server, ``insecure``; and the namespace its commands work in
+    (``""``: none chosen, as in files written before there were namespaces)."""
 
     name: str
     server: str
     token: str = field(repr=False)
     user: str = ""
+    ca: str = field(default="", repr=False)
+    insecure: bool = False
+    namespace: str = ""
 
 
 @dataclass
@@ -86,6 +125,9 @@ class Target:
     context: str | None
     server_from: str
     token_from: str
+    trust: Trust = field(default_factory=Trust)
+    namespace: str | None = None
+    namespace_from: str = "none chosen"
 
 
 def normalize_server(url: str) -> str:
@@ -93,11 +135,28 @@ def normalize_server(url: str) -> str:
     url = url.strip().rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.netloc:
-        raise ConfigError(f"server {url!r} is not a URL; pass one like http://127.0.0.1:8000", is_usage=True)
+        raise ConfigError(f"server {url!r} is not a URL; pass one like https://127.0.0.1:8000", is_usage=True)
     for suffix in ("/api/v1", "/api"):
         if url.endswith(suffix):
             url = url[: -len(suffix)]
     return url
+
+
+def check_namespace(name: str, *, source: str = "namespace") -> str:
+    """``name`` if it can name a namespace (or is ``*``, every namespace), else a usage
+    ``ConfigError`` saying what ``source`` (an option, a variable) should hold."""
+    if name == EVERY_NAMESPACE or NAMESPACE_NAME.match(name):
+        return name
+    raise ConfigError(
+        f"{source} {name!r} is not a namespace name: 1-63 lowercase letters, digits and '-', starting and "
+        "ending with a letter or digit (or * for every namespace)",
+        is_usage=True,
+    )
+
+
+def normalize_namespace(name: str | None) -> str | None:
+    """The namespace to narrow to: ``None`` for none chosen and for ``*`` (every namespace)."""
+    return None if not name or name == EVERY_NAMESPACE else name
 
 
 def load(path: Path | None = None) -> Config:
@@ -120,21 +179,45 @@ def load(path: Path | None = None) -> Config:
                 server=str(item.get("server", "")),
                 token=str(item.get("token", "")),
                 user=str(item.get("user", "")),
+                ca=str(item.get("ca") or ""),
+                insecure=item.get("insecure") is True,
+                namespace=str(item.get("namespace") or ""),
             )
             config.contexts[entry.name] = entry
     return config
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes a pinned CA's PEM as a literal block, as it looks in its own file."""
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
+
+
+def _saved(entry: ContextEntry) -> dict[str, Any]:
+    """A context as the file holds it; ``namespace`` (like ``ca`` and ``insecure``) only when
+    set, so that a file without one reads the same to a graphenectl that knows none."""
+    item: dict[str, Any] = {"name": entry.name, "server": entry.server, "user": entry.user, "token": entry.token}
+    if entry.namespace:
+        item["namespace"] = entry.namespace
+    if entry.ca:
+        item["ca"] = entry.ca
+    if entry.insecure:
+        item["insecure"] = True
+    return item
 
 
 def save(config: Config) -> None:
     """Write ``config`` to its path: mode 0600, atomically, in a 0700 directory."""
     data: dict[str, Any] = {
         "current-context": config.current,
-        "contexts": [
-            {"name": c.name, "server": c.server, "user": c.user, "token": c.token} for c in config.contexts.values()
-        ],
+        "contexts": [_saved(c) for c in config.contexts.values()],
     }
-    text = "# graphenectl contexts. It holds API tokens: keep it private (mode 0600).\n" + yaml.safe_dump(
-        data, sort_keys=False
+    text = "# graphenectl contexts. It holds API tokens: keep it private (mode 0600).\n" + yaml.dump(
+        data, Dumper=_Dumper, sort_keys=False
     )
     directory = config.path.parent
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -163,10 +246,11 @@ def _entry(config: Config, context_name: str | None) -> ContextEntry | None:
     return entry
 
 
-def resolve(config: Config, context_name: str | None = None) -> Target:
+def resolve(config: Config, context_name: str | None = None, *, namespace: str | None = None) -> Target:
     """The server and token to use: ``context_name``/``GRAPHENE_CONTEXT``, else the current
-    context; ``GRAPHENE_SERVER`` and ``GRAPHENE_TOKEN`` win over its values."""
-    return find_target(context=context_name, config=config)
+    context; ``GRAPHENE_SERVER`` and ``GRAPHENE_TOKEN`` win over its values. The namespace:
+    ``namespace`` (a flag), else ``GRAPHENE_NAMESPACE``, else the context's."""
+    return find_target(context=context_name, config=config, namespace=namespace)
 
 
 def find_target(
@@ -175,10 +259,16 @@ def find_target(
     token: str | None = None,
     context: str | None = None,
     config: Config | None = None,
+    trust: Trust | None = None,
+    namespace: str | None = None,
+    namespace_from: str = "argument",
 ) -> Target:
     """``resolve``, with values passed explicitly (a ``Client``'s arguments) winning over both
     the environment and the contexts. A server given without a token takes ``GRAPHENE_TOKEN``,
-    else the token of a context for that server (the selected one first)."""
+    else the token of a context for that server (the selected one first). ``trust`` (a pinned
+    CA, or permission for plain HTTP) wins over ``GRAPHENE_CA_FILE``/``GRAPHENE_INSECURE``,
+    which win over what a context for the same server saved. ``namespace_from`` names where a
+    passed ``namespace`` came from (``--namespace``), for ``Target``."""
     config = config if config is not None else load()
     entry = _entry(config, context)
     env_server = os.environ.get(ENV_SERVER, "").strip()
@@ -210,13 +300,71 @@ def find_target(
         raise ConfigError(
             f"no token for {url}: log in with `graphenectl login --server {url} --token-stdin`, or set {ENV_TOKEN}"
         )
+    env_namespace = os.environ.get(ENV_NAMESPACE, "").strip()
+    if namespace:
+        chosen, chosen_from = check_namespace(namespace, source=namespace_from), namespace_from
+    elif env_namespace:
+        chosen, chosen_from = check_namespace(env_namespace, source=ENV_NAMESPACE), ENV_NAMESPACE
+    elif entry is not None and entry.namespace:
+        chosen, chosen_from = check_namespace(entry.namespace, source=f"the namespace of {where}"), where
+    else:
+        chosen, chosen_from = None, "none chosen"
     return Target(
         server=url,
         token=key,
         context=entry.name if entry else None,
         server_from=server_from,
         token_from=token_from,
+        trust=trust_for(url, config=config, selected=entry, given=trust),
+        namespace=normalize_namespace(chosen),
+        namespace_from=chosen_from,
     )
+
+
+def trust_for(url: str, *, config: Config, selected: ContextEntry | None = None, given: Trust | None = None) -> Trust:
+    """What connections to ``url`` trust: ``given``, else ``GRAPHENE_CA_FILE``/``GRAPHENE_INSECURE``,
+    else what a context for this server saved (``selected`` first); for an ``https://`` server
+    with no pinned CA, the system's trust store. ``ConfigError`` for an ``http://`` server
+    without permission: nothing may be sent to it."""
+    https = urlsplit(url).scheme == "https"
+    candidates = [given, *_env_trusts()]
+    for entry in [selected, *config.contexts.values()]:
+        if entry is not None and _same_server(entry.server, url):
+            candidates.append(Trust(ca_pem=entry.ca, source=f"context {entry.name!r}", insecure=entry.insecure))
+    for trust in candidates:
+        if trust is not None and (trust.ca_pem if https else trust.insecure):
+            return trust
+    if https:
+        return Trust(source="the system's trust store")
+    raise ConfigError(
+        f"{url} is plain HTTP: the token and everything else would cross the network unencrypted. Use its "
+        f"https:// address, or accept plain HTTP explicitly: `graphenectl login --server {url} --insecure "
+        f"--token-stdin`, graphene_sdk.Client(..., insecure=True), or {ENV_INSECURE}=1",
+        is_usage=True,
+    )
+
+
+def _env_trusts() -> list[Trust]:
+    trusts = []
+    path = os.environ.get(ENV_CA_FILE, "").strip()
+    if path:
+        trusts.append(Trust(ca_pem=ca_file_read(path, what=f"{ENV_CA_FILE}={path}"), source=ENV_CA_FILE))
+    if os.environ.get(ENV_INSECURE, "").strip().lower() in {"1", "true", "yes", "on"}:
+        trusts.append(Trust(source=ENV_INSECURE, insecure=True))
+    return trusts
+
+
+def ca_file_read(path: str | os.PathLike[str], *, what: str | None = None) -> str:
+    """The PEM certificate(s) in a CA file, checked; ``ConfigError`` naming the file if it cannot be used."""
+    what = what or str(path)
+    try:
+        text = Path(path).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the CA file {what}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return "".join(pem_certificates(text))
+    except ValueError as exc:
+        raise ConfigError(f"the CA file {what} is not a certificate: {exc}") from None
 
 
 def _same_server(saved: str, url: str) -> bool:

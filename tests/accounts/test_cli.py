@@ -26,7 +26,7 @@ def admin_token(django_user_model: Any) -> str:
 
 @pytest.fixture
 def ctl(web: WebServer, admin_token: str, tmp_path: Path) -> Ctl:
-    return Ctl(tmp_path / "config", GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=admin_token)
+    return Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=admin_token)
 
 
 def whoami(web: WebServer, key: str) -> tuple[int, Any]:
@@ -126,7 +126,7 @@ def test_ones_own_tokens(ctl: Ctl, web: WebServer, admin_token: str) -> None:
     assert all("key" not in t for t in rows)
 
     # The new one revokes the one in use, by its id: told so, and refused from then on.
-    as_new = Ctl(ctl.config_home, GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=key)
+    as_new = Ctl(ctl.config_home, **web.client_env(), GRAPHENE_TOKEN=key)
     in_use = next(t for t in rows if t["comment"] == "admin's")
     revoked = ctl.ok("token", "revoke", in_use["id"])
     assert "that was the token this command used" in revoked.err

@@ -21,6 +21,7 @@ from apps.accounts.models import AccessToken
 from apps.core.events import publish_on_commit
 from tests import factories
 from tests.factories import api_token
+from tests.harness import tls
 from tests.harness.net import http
 from tests.harness.web import WebServer
 
@@ -33,9 +34,10 @@ PROMPTLY = 15.0
 
 def open_socket(web: WebServer, token: str, path: str = "ws/runs/") -> ClientConnection:
     return connect(
-        f"{web.url.replace('http://', 'ws://')}/{path}",
+        f"{web.ws_url}/{path}",
         origin=Origin(web.url),
         proxy=None,
+        ssl=tls.context(),
         additional_headers={"Authorization": f"Token {token}"},
         open_timeout=30,
     )

@@ -31,8 +31,8 @@ def test_put_list_and_get(ctl: Ctl, server: Server, tmp_path: Path, monkeypatch:
 
     table = ctl.ok("get", "artifacts")
     header, *rows = table.out.splitlines()
-    assert header.split() == ["ID", "NAME", "SIZE", "PHASE", "PIPELINE", "TTL", "AGE"]
-    assert any(row.split()[:3] == [artifact_id, "dist/app.bin", "9.0"] for row in rows), table.out
+    assert header.split() == ["NAMESPACE", "ID", "NAME", "SIZE", "PHASE", "PIPELINE", "TTL", "AGE"]
+    assert any(row.split()[:4] == ["default", artifact_id, "dist/app.bin", "9.0"] for row in rows), table.out
     listed = ctl.ok("get", "artifacts", "-o", "json").json()
     assert [a["sha256"] for a in listed if a["id"] == artifact_id] == [hashlib.sha256(data).hexdigest()]
     assert ctl.ok("get", "artifacts", artifact_id, "-o", "json").json()["size"] == len(data)

@@ -47,7 +47,7 @@ def admin_token(django_user_model: Any) -> str:
 @pytest.fixture
 def ctl(web: WebServer, admin_token: str, tmp_path: Path) -> Ctl:
     """graphenectl for the shared web server (GRAPHENE_SERVER and GRAPHENE_TOKEN, no context)."""
-    return Ctl(tmp_path / "config", GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=admin_token)
+    return Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=admin_token)
 
 
 def start(ctl: Ctl, **inputs: Any) -> str:
@@ -248,7 +248,21 @@ def test_run_watch_in_a_log_shows_log_text_names_and_the_outcome(ctl: Ctl, worke
 
 
 @pytest.mark.parametrize(
-    "command", [(), ("get",), ("logs",), ("run", "start"), ("run", "watch"), ("apply",), ("agent", "create")]
+    "command",
+    [
+        (),
+        ("get",),
+        ("logs",),
+        ("run", "start"),
+        ("run", "watch"),
+        ("apply",),
+        ("agent", "create"),
+        ("namespace", "create"),
+        ("role", "create"),
+        ("role", "bind"),
+        ("secret", "set"),
+        ("ctx", "set-namespace"),
+    ],
 )
 def test_help_shows_no_python_types(tmp_path: Path, command: tuple[str, ...]) -> None:
     shown = Ctl(tmp_path).ok(*command, "--help").out  # help needs no server

@@ -27,6 +27,7 @@ class ArtifactOutput(serializers.ModelSerializer[Record]):
         model = Record
         fields = [
             "id",
+            "namespace",
             "name",
             "sha256",
             "size",
