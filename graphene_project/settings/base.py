@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from celery.schedules import schedule
+from django.core.exceptions import ImproperlyConfigured
 
 from graphene_project import process
 from graphene_project.settings.env import check_broker_url, check_redis_url, database_from_url, env, pool_options
@@ -73,6 +74,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # A request id for every request (X-Request-Id) and the audit context: who acts, under which
+    # request (apps/core/audit.py). Outermost, so that every answer carries the id.
+    "apps.core.middleware.AuditContextMiddleware",
     # First: refuses a path or query PostgreSQL cannot store, and gives every error under /api/
     # the API's JSON shape, whatever made it (apps/api/middleware.py).
     "apps.api.middleware.ApiDoorMiddleware",
@@ -314,6 +318,18 @@ GRAPHENE_PIPELINE_DIRS = env.csv("GRAPHENE_PIPELINE_DIRS", [str(BASE_DIR / "exam
 # A worker executing a run renews its lease every third of this; a dead worker's run is
 # resumed elsewhere once it expires.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
+
+# --- Audit trail (apps/core/audit.py, docs/audit.md) ---------------------------------------
+# How long audit rows are kept; the retention task deletes older ones once an hour, in batches.
+GRAPHENE_AUDIT_RETENTION_DAYS = env.integer("GRAPHENE_AUDIT_RETENTION_DAYS", 365)
+if GRAPHENE_AUDIT_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured(
+        f"GRAPHENE_AUDIT_RETENTION_DAYS={GRAPHENE_AUDIT_RETENTION_DAYS}: keep the audit trail at least 1 day"
+    )
+CELERY_BEAT_SCHEDULE["audit-prune"] = {
+    "task": "apps.core.tasks.audit_prune_task",
+    "schedule": schedule(timedelta(hours=1)),
+}
 
 # --- Observability (apps.observability: /metrics, per-record series, traces) ----------------
 # /metrics answers without a token (a scraper on a private network); off by default.
