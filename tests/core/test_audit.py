@@ -37,6 +37,8 @@ from graphene_project.routing import websocket_urlpatterns
 from tests import factories
 from tests.conftest import wait_for
 from tests.harness.driver import Driver
+from tests.harness.embedded import Ctl
+from tests.harness.web import WebServer
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -364,3 +366,41 @@ def test_retention_prunes_old_rows_only_in_batches(settings: Any) -> None:
 def test_beat_runs_the_retention_task_and_keeps_a_year_by_default() -> None:
     assert settings.CELERY_BEAT_SCHEDULE["audit-prune"]["task"] == audit_prune_task.name
     assert settings.GRAPHENE_AUDIT_RETENTION_DAYS == 365
+
+
+# --- graphenectl ------------------------------------------------------------------------------------
+
+
+@pytest.mark.system
+@pytest.mark.django_db(transaction=True)
+def test_graphenectl_audit_shows_and_filters_the_trail(web: WebServer, django_user_model: Any, tmp_path: Any) -> None:
+    from rest_framework.authtoken.models import Token
+
+    root = django_user_model.objects.create_superuser(username="root", password="pw")
+    ctl = Ctl(tmp_path / "config", GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=Token.objects.create(user=root).key)
+    held = ctl.ok("apply", "test.sleep", "held", "--owner", "stand/sample.cli").out.strip().removeprefix("record/")
+    ctl.ok("delete", held)
+
+    table = ctl.ok("audit", "--object", f"record/{held}", "--since", "1h").out.splitlines()
+    assert table[0].split() == ["TIME", "ACTOR", "ACTION", "OBJECT", "NAMESPACE"]
+    assert [line.split()[2:6] for line in table[1:]] == [
+        ["user:root", "record.delete_request", "test.sleep/held", "default"],
+        ["user:root", "record.create", "test.sleep/held", "default"],
+    ]
+    rows = ctl.ok(
+        "audit", "--action", "record.create", "--actor", "root", "--namespace", "default", "-o", "json"
+    ).json()
+    # The stand was made on demand when graphenectl looked it up: its row, then the record's (newest first).
+    assert [(r["object_name"], r["actor_kind"]) for r in rows] == [
+        ("test.sleep/held", "user"),
+        ("graphene.stand/sample.cli", "user"),
+    ]
+    assert re.fullmatch(r"[0-9a-f]{32}", rows[0]["request_id"])
+    assert ctl.ok("audit", "--request-id", rows[0]["request_id"], "-o", "name").out.split() == [
+        f"audit/{rows[0]['id']}"
+    ]
+    assert "more exist" in ctl.ok("audit", "--limit", "1").err
+    assert "no audit rows match" in ctl.ok("audit", "--actor", "nobody").err
+    refused = ctl("audit", "--since", "soon")
+    assert refused.code == 2
+    assert "--since" in refused.err
