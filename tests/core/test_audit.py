@@ -148,6 +148,13 @@ def test_a_cancel_from_the_run_page_leaves_the_cancel_and_the_deletion_it_causes
     mark = _mark()
     studio.post(reverse("admin:studio_run_action", args=[run.pk, "cancel"]))
     assert _rows_after(mark) == []
+    # The run page links to its rows and to what its code changed, for those who may read them.
+    run_page = reverse("admin:studio_run", args=[run.pk])
+    assert 'id="run-audit"' not in studio.get(run_page).content.decode()  # a developer may not
+    studio.force_login(django_user_model.objects.create_superuser(username="root", password="pw"))
+    shown = studio.get(run_page).content.decode()
+    assert f'{reverse("admin:studio_audit")}?object={run.pk}" id="run-audit"' in shown
+    assert f'{reverse("admin:studio_audit")}?actor={run.pk}" id="run-audit-actor"' in shown
 
 
 # --- a run's code ------------------------------------------------------------------------------------
@@ -404,3 +411,55 @@ def test_graphenectl_audit_shows_and_filters_the_trail(web: WebServer, django_us
     refused = ctl("audit", "--since", "soon")
     assert refused.code == 2
     assert "--since" in refused.err
+
+
+# --- the Studio's page ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_studio_audit_page_lists_filters_pages_and_is_linked_for_those_who_may(
+    django_user_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.studio.views import audit as audit_page
+
+    factories.bind_namespace("team-a")
+    stand = records.record_create_root(kind="graphene.stand", name="s", namespace="team-a")
+    held = factories.sleep(stand, "held")
+    other = factories.sleep(factories.stand("elsewhere"), "theirs")  # in default
+    anna = django_user_model.objects.create_user(username="anna", password="pw", is_staff=True)
+    factories.bind(anna, "admin", "team-a")
+    studio = Client()
+    studio.force_login(anna)
+
+    page = studio.get(reverse("admin:studio_audit")).content.decode()
+    assert 'id="nav-audit"' in page
+    assert "test.sleep/held" in page
+    assert "test.sleep/theirs" not in page  # default's rows: not theirs to read
+    only = studio.get(reverse("admin:studio_audit"), {"object": str(held.pk)}).content.decode()
+    assert only.count('data-action="record.create"') == 1
+    assert "graphene.stand/s" not in only
+    # What a record's and a run's page link to.
+    inspector = studio.get(reverse("admin:records_record_change", args=[held.pk])).content.decode()
+    assert f"{reverse('admin:studio_audit')}?object={held.pk}" in inspector
+
+    # Paged by keyset: the older page holds the rest, nothing twice.
+    monkeypatch.setattr(audit_page, "PAGE_SIZE", 2)
+    first = studio.get(reverse("admin:studio_audit"))
+    older = re.search(r'<a href="\?([^"]+)" id="audit-older"', first.content.decode())
+    assert older is not None
+    second = studio.get(f"{reverse('admin:studio_audit')}?{older.group(1).replace('&amp;', '&')}")
+    ids = [[int(i) for i in re.findall(r'data-audit="(\d+)"', r.content.decode())] for r in (first, second)]
+    # team-a's three rows: the stand's and the record's creation, anna's binding.
+    assert (len(ids[0]), len(ids[1])) == (2, 1)
+    assert max(ids[1]) < min(ids[0])
+    assert 'id="audit-older"' not in second.content.decode()
+
+    # A developer may not read the trail: no link, and the page refuses.
+    dev = django_user_model.objects.create_user(username="dev", password="pw", is_staff=True)
+    factories.bind(dev, "developer")
+    studio.force_login(dev)
+    assert studio.get(reverse("admin:studio_audit")).status_code == 403
+    assert 'id="nav-audit"' not in studio.get(reverse("admin:studio_runs")).content.decode()
+    assert (
+        'id="record-audit"' not in studio.get(reverse("admin:records_record_change", args=[other.pk])).content.decode()
+    )
