@@ -463,3 +463,41 @@ def test_the_studio_audit_page_lists_filters_pages_and_is_linked_for_those_who_m
     assert (
         'id="record-audit"' not in studio.get(reverse("admin:records_record_change", args=[other.pk])).content.decode()
     )
+
+
+# --- users and groups (the Studio's users' pages) ----------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_changes_to_users_through_the_studio_are_audited_without_their_passwords(django_user_model: Any) -> None:
+    root = django_user_model.objects.create_superuser(username="root", password="pw")
+    studio = Client()
+    studio.force_login(root)
+    secret = "Tr0ub4dor&3-audit-only"
+    mark = _mark()
+    added = studio.post(
+        reverse("admin:auth_user_add"),
+        {"username": "bob", "usable_password": "true", "password1": secret, "password2": secret},
+    )
+    assert added.status_code == 302, added.content[:2000]
+    bob = django_user_model.objects.get(username="bob")
+    changed = studio.post(
+        reverse("admin:auth_user_password_change", args=[bob.pk]),
+        {"password1": secret + "!", "password2": secret + "!", "usable_password": "true"},
+    )
+    assert changed.status_code == 302, changed.content[:2000]
+    deleted = studio.post(reverse("admin:auth_user_delete", args=[bob.pk]), {"post": "yes"})
+    assert deleted.status_code == 302
+    rows = _rows_after(mark)
+    assert [(r.action, r.object_name, r.namespace, r.actor_name) for r in rows] == [
+        ("user.create", "bob", "*", "root"),
+        ("user.update", "bob", "*", "root"),
+        ("user.delete", "bob", "*", "root"),
+    ]
+    assert rows[0].before_digest is None
+    assert rows[1].detail == {"password_changed": True}
+    assert rows[1].before_digest == rows[1].after_digest == rows[0].after_digest  # the password is not digested
+    assert rows[2].before_digest == rows[0].after_digest
+    assert rows[2].after_digest is None
+    assert len({r.request_id for r in rows}) == 3
+    assert secret not in json.dumps([r.detail for r in rows])
