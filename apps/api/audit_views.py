@@ -44,6 +44,12 @@ class AuditEntryOutput(serializers.ModelSerializer[AuditEntry]):
 _TEXT_FILTERS = {"actor": 150, "action": 40, "object": 64, "request_id": 64}
 
 
+def _text(name: str, description: str) -> OpenApiParameter:
+    return OpenApiParameter(
+        name, {"type": "string", "minLength": 1, "maxLength": _TEXT_FILTERS[name]}, description=description
+    )
+
+
 class AuditViewSet(DoorChecks, viewsets.GenericViewSet[AuditEntry]):
     """The audit trail: every write, who made it (a user, a run, an agent, the system), on which
     object, in which namespace, under which request, with digests before and after."""
@@ -57,17 +63,15 @@ class AuditViewSet(DoorChecks, viewsets.GenericViewSet[AuditEntry]):
     @extend_schema(
         parameters=[
             OpenApiParameter("namespace", str, description="rows of this namespace (* for installation-wide objects)"),
-            OpenApiParameter("actor", str, description="the actor's name or id: a username, pipeline#n, a run's id"),
+            _text("actor", "the actor's name or id: a username, pipeline#n, a run's or an agent's id"),
             OpenApiParameter(
                 "actor_kind", str, enum=list(AuditActorKind.values), description="user, run, agent, system"
             ),
-            OpenApiParameter(
-                "action", str, description="an action (record.create) or, without a dot, its family (record)"
-            ),
-            OpenApiParameter("object", str, description="rows of this object (a record's, run's, secret's id ...)"),
+            _text("action", "an action (record.create) or, without a dot, its family (record)"),
+            _text("object", "rows of this object (a record's, run's, secret's id ...)"),
             api_schema.datetime_param("since", "rows at or after this instant (ISO 8601; naive means UTC)"),
             api_schema.datetime_param("until", "rows before this instant (ISO 8601; naive means UTC)"),
-            OpenApiParameter("request_id", str, description="the rows one request wrote (its X-Request-Id)"),
+            _text("request_id", "the rows one request wrote (its X-Request-Id)"),
         ],
         responses=AuditEntryOutput(many=True),
     )
@@ -79,6 +83,9 @@ class AuditViewSet(DoorChecks, viewsets.GenericViewSet[AuditEntry]):
                 raise ValidationFailed(
                     f"{name}: 1 to {longest} characters", fields={name: [f"1 to {longest} characters"]}
                 )
+        for name in ("since", "until"):
+            if params.get(name) == "":  # given, and no instant: not "any time"
+                raise ValidationFailed(f"{name}: an ISO 8601 date-time", fields={name: ["not a date-time"]})
         actor_kind = params.get("actor_kind")
         if actor_kind is not None and actor_kind not in AuditActorKind.values:
             raise ValidationFailed(
