@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -49,6 +50,10 @@ EXTERNAL_SETTINGS = (
     "GRAPHENE_FILE_ROOT",
     "GRAPHENE_TEST_WORLD_DIR",
     "GRAPHENE_SECRET_KEY",
+    # The demo pins the local CA its server makes: no certificate from this shell.
+    "GRAPHENE_TLS_CERT_FILE",
+    "GRAPHENE_TLS_KEY_FILE",
+    "GRAPHENE_TLS_CA_FILE",
 )
 
 
@@ -85,13 +90,22 @@ def tail(path: Path, lines: int = 40) -> str:
         return "(no output)"
 
 
-def wait_ready(url: str, server: subprocess.Popen[bytes], deadline: float) -> str | None:
-    """Poll /readyz until it answers 200; None when ready, else why not."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def wait_ready(url: str, ca_file: Path, server: subprocess.Popen[bytes], deadline: float) -> str | None:
+    """Poll /readyz until it answers 200 over HTTPS, trusting the server's local CA (``ca_file``,
+    made on its first start) and nothing else; None when ready, else why not."""
     last = "no answer yet"
+    opener = None
     while time.monotonic() < deadline:
         if server.poll() is not None:
             return f"the server exited with status {server.returncode} before it was ready"
+        if opener is None:
+            if not ca_file.exists():
+                time.sleep(0.1)
+                continue
+            context = ssl.create_default_context(cafile=str(ca_file))
+            opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+            )
         try:
             with opener.open(f"{url}/readyz", timeout=5) as response:
                 if response.status == 200:
@@ -150,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     port = args.port or free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"https://127.0.0.1:{port}"
+    ca_file = data_dir / "tls" / "ca.pem"  # the local CA graphene up makes: the demo pins it
 
     env = {k: v for k, v in os.environ.items() if k not in EXTERNAL_SETTINGS}
     env |= {
@@ -173,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     status = 1
     try:
-        problem = wait_ready(url, server, time.monotonic() + args.start_timeout)
+        problem = wait_ready(url, ca_file, server, time.monotonic() + args.start_timeout)
         if problem:
             log(f"FAIL: {problem}; the server's last output:\n{tail(server_log)}")
             return 1
@@ -191,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             str(data_dir / "test-world"),
         ]
         # The token goes through the environment, not argv (visible to every local user in ps).
-        example_env = os.environ | {"GRAPHENE_TOKEN": credentials["token"], "GRAPHENE_DATA_DIR": str(data_dir)}
+        example_env = os.environ | {
+            "GRAPHENE_TOKEN": credentials["token"],
+            "GRAPHENE_DATA_DIR": str(data_dir),
+            "GRAPHENE_CA_FILE": str(ca_file),
+        }
         status = subprocess.run(tour, env=example_env, check=False).returncode
     finally:
         how = stop(server, grace=20.0)

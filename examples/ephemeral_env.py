@@ -29,7 +29,8 @@ Every claim is checked against the server's answers, the disk and Docker; any mi
 reported and the exit status is 1 (2 when Docker, a static busybox or git is missing).
 Progress goes to stderr, results to stdout. Standard library only.
 
-    python examples/ephemeral_env.py --url http://127.0.0.1:8000 --data-dir .graphene
+    GRAPHENE_CA_FILE=.graphene/tls/ca.pem \
+        python examples/ephemeral_env.py --url https://127.0.0.1:8000 --data-dir .graphene
 
 The token is ``GRAPHENE_TOKEN``, else the one ``graphene up`` saved in the data directory.
 The data directory (``--data-dir``, else ``GRAPHENE_DATA_DIR``, else ``.graphene``) must be
@@ -472,7 +473,7 @@ def token_for(data_dir: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("GRAPHENE_SERVER", "http://127.0.0.1:8000"))
+    parser.add_argument("--url", default=os.environ.get("GRAPHENE_SERVER", "https://127.0.0.1:8000"))
     parser.add_argument(
         "--data-dir",
         default=os.environ.get("GRAPHENE_DATA_DIR", ".graphene"),

@@ -20,7 +20,8 @@
 Every claim is checked against the server's answers and the disk; any mismatch is reported
 and the exit status is 1. Standard library only.
 
-    GRAPHENE_TOKEN=... python examples/pipeline_tour.py --url http://127.0.0.1:8000 --data-dir .graphene
+    GRAPHENE_TOKEN=... GRAPHENE_CA_FILE=.graphene/tls/ca.pem \
+        python examples/pipeline_tour.py --url https://127.0.0.1:8000 --data-dir .graphene
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class Tour:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("GRAPHENE_SERVER", "http://127.0.0.1:8000"))
+    parser.add_argument("--url", default=os.environ.get("GRAPHENE_SERVER", "https://127.0.0.1:8000"))
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for each stage")
     args, _ = parser.parse_known_args()
     token = os.environ.get("GRAPHENE_TOKEN", "")

@@ -22,7 +22,10 @@ see ``examples/pipeline_tour.py``), to show what the records layer promises on i
 Every claim it prints is checked against the server's answers and the disk; any mismatch is
 reported and the exit status is 1. Standard library only, so it runs with any Python 3.11.
 
-    GRAPHENE_TOKEN=... python examples/records_tour.py --url http://127.0.0.1:8000
+    GRAPHENE_TOKEN=... GRAPHENE_CA_FILE=.graphene/tls/ca.pem python examples/records_tour.py --url https://127.0.0.1:8000
+
+``GRAPHENE_CA_FILE`` names the CA to trust for HTTPS (``graphene up`` prints where its local CA
+is); without it, the system's trust store.
 
 ``examples/demo.py --example examples/records_tour.py`` runs it against a fresh embedded server.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -60,7 +64,8 @@ class ApiError(Exception):
 
 
 class Api:
-    """A minimal JSON client for Graphene's REST API (token auth, no proxies: it is local)."""
+    """A minimal JSON client for Graphene's REST API (token auth, no proxies: it is local). Over
+    HTTPS it trusts the CA in ``GRAPHENE_CA_FILE`` only, else the system's trust store."""
 
     def __init__(self, base_url: str, token: str, timeout: float = 90.0) -> None:
         if not base_url.startswith(("http://", "https://")):
@@ -68,7 +73,10 @@ class Api:
         self.base = base_url.rstrip("/") + "/api/v1"
         self.headers = {"Authorization": f"Token {token}", "Accept": "application/json"}
         self.timeout = timeout
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        context = ssl.create_default_context(cafile=os.environ.get("GRAPHENE_CA_FILE") or None)
+        self.opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
 
     def call(self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200,)) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -308,7 +316,7 @@ class Tour:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=os.environ.get("GRAPHENE_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--url", default=os.environ.get("GRAPHENE_URL", "https://127.0.0.1:8000"))
     parser.add_argument("--token", default=os.environ.get("GRAPHENE_TOKEN"), help="API token (or GRAPHENE_TOKEN)")
     parser.add_argument("--stand", default="demo", help="name of the stand to create (default: demo)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for records to be ready")

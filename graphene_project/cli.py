@@ -5,10 +5,16 @@
     graphene worker    a Celery worker process
     graphene beat      the Celery beat scheduler
     graphene token     print a user's API token (creating or rotating it)
+    graphene tls       make (or show) the local CA and server certificate, print the CA's fingerprint
     graphene manage    any ``manage.py`` command
 
 Each command checks its settings, database and broker first and exits with status 2 and a
 one-line message naming the setting to fix instead of a traceback.
+
+TLS by default (docs/tls.md): ``up`` serves HTTPS and WSS with its local CA's certificate (or
+``GRAPHENE_TLS_CERT_FILE``); ``web`` needs ``GRAPHENE_TLS_CERT_FILE``/``GRAPHENE_TLS_KEY_FILE``,
+or ``GRAPHENE_TRUSTED_PROXIES`` (a TLS-terminating proxy in front), or ``--insecure``. Plain
+HTTP is only ever served when asked for with ``--insecure``, and says so on stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 DEFAULT_SETTINGS = "graphene_project.settings.dev"
@@ -32,8 +39,8 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def setup_django(*, need_broker: bool) -> None:
-    """Import settings and reach the database (and broker); exit with one line on failure."""
+def load_settings() -> None:
+    """Import the settings and set Django up; exit with one line naming the setting on failure."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
     from django.core.exceptions import ImproperlyConfigured
 
@@ -43,6 +50,23 @@ def setup_django(*, need_broker: bool) -> None:
         django.setup()
     except ImproperlyConfigured as exc:
         fail(str(exc))
+
+
+def check_tls_ca() -> None:
+    """``GRAPHENE_TLS_CA_FILE`` goes into agents' install data (web and workers render it):
+    refuse a file that cannot be used now, not when the first agent is installed."""
+    from apps.core.selectors import tls_ca_pem
+    from apps.core.tls import TLSError
+
+    try:
+        tls_ca_pem()
+    except TLSError as exc:
+        fail(str(exc))
+
+
+def setup_django(*, need_broker: bool) -> None:
+    """Import settings and reach the database (and broker); exit with one line on failure."""
+    load_settings()
 
     from apps.core import health
 
@@ -54,26 +78,150 @@ def setup_django(*, need_broker: bool) -> None:
             fail(f"{check.setting}: cannot reach the {check.name}: {check.detail}")
 
 
-def serve(*, host: str, port: int, proxy_headers: bool) -> None:
-    """Run daphne in this thread until interrupted."""
-    from daphne.endpoints import build_endpoint_description_strings
+@dataclasses.dataclass(frozen=True)
+class ServeTLS:
+    """The certificate (with its intermediates, if any) and key a listener serves."""
+
+    cert_file: Path
+    key_file: Path
+    chain_file: Path | None = None  # intermediates after the leaf, for Twisted's extraCertChain
+
+
+def endpoint(*, host: str, port: int, tls: ServeTLS | None) -> str:
+    """The Twisted endpoint description daphne listens on: ``tcp:`` or ``ssl:`` (pyOpenSSL)."""
+    from twisted.internet.endpoints import quoteStringArgument
+
+    interface = host.strip("[]").replace(":", r"\:")
+    # Twisted listens with a backlog of 50: a burst of more connections than that overflowed the
+    # kernel's accept queue, and some clients had theirs reset. 1024, as busy servers use (the
+    # kernel caps it at net.core.somaxconn).
+    if tls is None:
+        return f"tcp:port={port}:interface={interface}:backlog={LISTEN_BACKLOG}"
+    description = (
+        f"ssl:port={port}:interface={interface}:backlog={LISTEN_BACKLOG}"
+        f":privateKey={quoteStringArgument(str(tls.key_file))}:certKey={quoteStringArgument(str(tls.cert_file))}"
+    )
+    if tls.chain_file is not None:
+        description += f":extraCertChain={quoteStringArgument(str(tls.chain_file))}"
+    return description
+
+
+def serve(*, host: str, port: int, tls: ServeTLS | None) -> None:
+    """Run daphne in this thread until interrupted. Proxy headers are left to the application
+    (apps/core/proxy.py: believed from GRAPHENE_TRUSTED_PROXIES only), never to daphne, whose
+    own option believes them from anyone."""
     from daphne.server import Server
 
     from graphene_project.asgi import application
 
-    # Twisted listens with a backlog of 50: a burst of more connections than that overflowed the
-    # kernel's accept queue, and some clients had theirs reset. 1024, as busy servers use (the
-    # kernel caps it at net.core.somaxconn).
-    endpoints = [f"{e}:backlog={LISTEN_BACKLOG}" for e in build_endpoint_description_strings(host=host, port=port)]
     Server(
         application=application,
-        endpoints=endpoints,
+        endpoints=[endpoint(host=host, port=port, tls=tls)],
         signal_handlers=True,
         server_name="graphene",
-        proxy_forwarded_address_header="X-Forwarded-For" if proxy_headers else None,
-        proxy_forwarded_port_header="X-Forwarded-Port" if proxy_headers else None,
-        proxy_forwarded_proto_header="X-Forwarded-Proto" if proxy_headers else None,
     ).run()
+
+
+def warn_insecure(*, host: str, port: int) -> None:
+    """Plain HTTP is a choice the operator made: say it where it cannot be missed."""
+    print(
+        f"graphene: WARNING: --insecure: serving PLAIN HTTP on {host}:{port}, without TLS. API tokens, "
+        "passwords, session cookies and agent credentials cross the network unencrypted; anyone on the "
+        "path can read and change them. Use it only on a network you trust, or put TLS in front "
+        "(GRAPHENE_TLS_CERT_FILE/GRAPHENE_TLS_KEY_FILE, or a proxy in GRAPHENE_TRUSTED_PROXIES).",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def production_tls() -> ServeTLS | None:
+    """``GRAPHENE_TLS_CERT_FILE`` and ``GRAPHENE_TLS_KEY_FILE``, checked (None when neither is
+    set). The intermediates after the leaf go to a file of their own for Twisted, which reads
+    only the first certificate of ``certKey``."""
+    import atexit
+    import tempfile
+
+    from django.conf import settings
+
+    from apps.core.tls import TLSError, tls_files_check
+
+    cert_file, key_file = settings.GRAPHENE_TLS_CERT_FILE, settings.GRAPHENE_TLS_KEY_FILE
+    if not cert_file and not key_file:
+        return None
+    if not cert_file or not key_file:
+        missing = "GRAPHENE_TLS_KEY_FILE" if cert_file else "GRAPHENE_TLS_CERT_FILE"
+        fail(f"{missing} is not set: HTTPS needs both GRAPHENE_TLS_CERT_FILE and GRAPHENE_TLS_KEY_FILE")
+    try:
+        files = tls_files_check(cert_file=cert_file, key_file=key_file)
+    except TLSError as exc:
+        fail(str(exc))
+    from datetime import UTC, datetime
+
+    if files.expires_at <= datetime.now(UTC):
+        print(
+            f"graphene: WARNING: the certificate in GRAPHENE_TLS_CERT_FILE={cert_file} expired on "
+            f"{files.expires_at:%Y-%m-%d}: clients will refuse it",
+            file=sys.stderr,
+        )
+    chain_file = None
+    if files.chain:
+        from cryptography.hazmat.primitives import serialization
+
+        fd, name = tempfile.mkstemp(prefix="graphene-chain-", suffix=".pem")
+        with os.fdopen(fd, "wb") as out:
+            out.write(b"".join(c.public_bytes(serialization.Encoding.PEM) for c in files.chain))
+        atexit.register(lambda: Path(name).unlink(missing_ok=True))
+        chain_file = Path(name)
+    print(
+        f"graphene: TLS: certificate {cert_file} for {', '.join(sorted(files.names)) or '(no names)'}, "
+        f"valid until {files.expires_at:%Y-%m-%d}",
+        file=sys.stderr,
+    )
+    return ServeTLS(cert_file=Path(cert_file), key_file=Path(key_file), chain_file=chain_file)
+
+
+def local_tls(*, host: str) -> Any:
+    """The local CA and its server certificate (``apps.core.tls.tls_local_ensure``) for this
+    machine's names, ``GRAPHENE_TLS_HOSTNAMES``, the host agents dial and a specific ``--host``."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    from apps.core.tls import TLSError, hostnames_default, tls_local_ensure
+
+    extra = list(settings.GRAPHENE_TLS_HOSTNAMES)
+    agent_host = urlsplit(settings.GRAPHENE_AGENT_SERVER_URL).hostname
+    extra += [name for name in (agent_host, host) if name]
+    try:
+        return tls_local_ensure(directory=Path(settings.GRAPHENE_TLS_DIR), hostnames=hostnames_default(extra=extra))
+    except TLSError as exc:
+        fail(str(exc))
+
+
+def local_tls_lines(local: Any) -> list[str]:
+    """What ``up`` and ``tls`` say about the local CA: where it is and its fingerprint."""
+    from datetime import UTC, datetime, timedelta
+
+    lines = [
+        f"  TLS: local CA {local.ca_path}" + (" (made now: clients and agents pin it)" if local.ca_created else ""),
+        f"       CA fingerprint (SHA-256) {local.ca_fingerprint}",
+        f"       server certificate for {', '.join(local.hostnames)}"
+        + (f" (issued now: {local.server_issued})" if local.server_issued else ""),
+    ]
+    if local.ca_expires_at - datetime.now(UTC) < timedelta(days=60):
+        print(
+            f"graphene: WARNING: the local CA {local.ca_path} ends on {local.ca_expires_at:%Y-%m-%d}; it is not "
+            f"replaced by itself: move {local.directory} away and start again to make a new one, then pin it "
+            "again in every client and agent",
+            file=sys.stderr,
+        )
+    return lines
+
+
+def url_host(host: str) -> str:
+    """The host as a URL shows it: a wildcard bind as 127.0.0.1, an IPv6 address in brackets."""
+    host = "127.0.0.1" if host in {"0.0.0.0", "::", "[::]"} else host  # noqa: S104 - display only
+    return f"[{host.strip('[]')}]" if ":" in host else host
 
 
 class EmbeddedServices:
@@ -111,6 +259,10 @@ class EmbeddedServices:
 
 
 def cmd_up(args: argparse.Namespace) -> None:
+    scheme = "http" if args.insecure else "https"
+    url = f"{scheme}://{url_host(args.host)}:{args.port}"
+    # Agents this server installs dial where it serves, unless told otherwise.
+    os.environ.setdefault("GRAPHENE_AGENT_SERVER_URL", url)
     setup_django(need_broker=True)
     from django.conf import settings
     from django.core.management import call_command
@@ -118,17 +270,28 @@ def cmd_up(args: argparse.Namespace) -> None:
     from apps.core.services import admin_bootstrap
 
     print(f"graphene: data directory {settings.DATA_DIR}", file=sys.stderr)
+    tls = production_tls()
+    local = None
+    if args.insecure:
+        if tls is not None:
+            fail("--insecure serves plain HTTP, but GRAPHENE_TLS_CERT_FILE is set: drop one of them")
+        warn_insecure(host=args.host, port=args.port)
+    elif tls is None:
+        local = local_tls(host=args.host)
+        tls = ServeTLS(cert_file=local.cert_path, key_file=local.key_path)
+    check_tls_ca()
     call_command("migrate", interactive=False, verbosity=0)
     creds = admin_bootstrap(data_dir=settings.DATA_DIR)
     services = EmbeddedServices(concurrency=args.concurrency) if not args.no_worker else None
     if services is not None:
         services.start()
-    display_host = "127.0.0.1" if args.host in {"0.0.0.0", "::"} else args.host  # noqa: S104 - display only
-    url = f"http://{display_host}:{args.port}"
     lines = [
-        f"Graphene is serving at {url}/ (Studio) and {url}/api/v1/ (API)",
+        f"Graphene is serving at {url}/ (Studio) and {url}/api/v1/ (API)"
+        + (" -- PLAIN HTTP (--insecure)" if args.insecure else ""),
         f"  mode: {'embedded' if settings.GRAPHENE_EMBEDDED else 'all-in-one on external services'}",
     ]
+    if local is not None:
+        lines += local_tls_lines(local)
     if creds.created:
         lines += [
             f"  first start: created user {creds.username!r} with password {creds.password}",
@@ -137,18 +300,47 @@ def cmd_up(args: argparse.Namespace) -> None:
         ]
     else:
         lines.append(f"  log in as {creds.username!r}; the first start saved its credentials in {creds.path}")
-    lines.append(f"  try: curl -H 'Authorization: Token <token>' {url}/api/v1/records/")
+    pin = f" --ca-file {local.ca_path}" if local is not None else " --insecure" if args.insecure else ""
+    lines.append(f"  graphenectl: jq -r .token {creds.path} | graphenectl login --server {url}{pin} --token-stdin")
+    cacert = f"--cacert {local.ca_path} " if local is not None else ""
+    lines.append(f"  try: curl {cacert}-H 'Authorization: Token <token>' {url}/api/v1/records/")
     print("\n".join(lines), flush=True)
     try:
-        serve(host=args.host, port=args.port, proxy_headers=False)
+        serve(host=args.host, port=args.port, tls=tls)
     finally:
         if services is not None:
             services.stop()
 
 
 def cmd_web(args: argparse.Namespace) -> None:
+    if args.proxy_headers:
+        fail(
+            "--proxy-headers is gone: it believed X-Forwarded-* headers from anyone. Set GRAPHENE_TRUSTED_PROXIES "
+            "to the addresses of your TLS-terminating proxies instead"
+        )
     setup_django(need_broker=True)
-    serve(host=args.host, port=args.port, proxy_headers=args.proxy_headers)
+    from django.conf import settings
+
+    check_tls_ca()
+    tls = production_tls()
+    proxies = ", ".join(str(n) for n in settings.GRAPHENE_TRUSTED_PROXIES)
+    if args.insecure:
+        if tls is not None:
+            fail("--insecure serves plain HTTP, but GRAPHENE_TLS_CERT_FILE is set: drop one of them")
+        warn_insecure(host=args.host, port=args.port)
+    elif tls is None and proxies:
+        print(
+            f"graphene: serving HTTP for the TLS-terminating proxies at {proxies} (GRAPHENE_TRUSTED_PROXIES); "
+            "their X-Forwarded-Proto/-For are believed, nobody else's",
+            file=sys.stderr,
+        )
+    elif tls is None:
+        fail(
+            "no TLS configured: set GRAPHENE_TLS_CERT_FILE and GRAPHENE_TLS_KEY_FILE to serve HTTPS, or "
+            "GRAPHENE_TRUSTED_PROXIES to the addresses of the TLS-terminating proxy in front, or pass --insecure "
+            "to serve plain HTTP"
+        )
+    serve(host=args.host, port=args.port, tls=tls)
 
 
 def cmd_worker(args: argparse.Namespace, extra: Sequence[str]) -> None:
@@ -157,6 +349,7 @@ def cmd_worker(args: argparse.Namespace, extra: Sequence[str]) -> None:
 
     from graphene_project.celery import app
 
+    check_tls_ca()
     argv = ["worker", "--loglevel", args.loglevel, "-Q", settings.CELERY_TASK_DEFAULT_QUEUE]
     if args.concurrency:
         argv += ["--concurrency", str(args.concurrency)]
@@ -198,6 +391,20 @@ def cmd_token(args: argparse.Namespace) -> None:
         print(f"graphene: {note}", file=sys.stderr)
 
 
+def cmd_tls(args: argparse.Namespace) -> None:
+    """Make the local CA and server certificate unless they exist (the server certificate again
+    if it nears its end or the names changed), and say where they are and the CA's fingerprint:
+    what a client pins. Needs the settings only, not the database."""
+    load_settings()
+    local = local_tls(host="")
+    local_tls_lines(local)  # the warning of a CA near its end
+    print(f"CA certificate: {local.ca_path}" + (" (made now)" if local.ca_created else ""))
+    print(f"CA fingerprint (SHA-256): {local.ca_fingerprint}")
+    issued = f" (issued now: {local.server_issued})" if local.server_issued else ""
+    print(f"server certificate: {local.cert_path}{issued}, key {local.key_path}")
+    print(f"server certificate names: {', '.join(local.hostnames)}")
+
+
 def cmd_manage(extra: Sequence[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
     if extra[:1] == ["migrate"]:
@@ -219,11 +426,26 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=int(os.environ.get("GRAPHENE_PORT", "8000")))
     up.add_argument("--concurrency", type=int, default=4, help="worker threads (default 4)")
     up.add_argument("--no-worker", action="store_true", help="serve only; run 'graphene worker' separately")
-    web = sub.add_parser("web", help="serve HTTP and websockets (daphne)")
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve plain HTTP instead of HTTPS with the local CA (tokens and passwords travel unencrypted)",
+    )
+    web = sub.add_parser(
+        "web",
+        help="serve HTTPS and websockets (daphne)",
+        description="Serve the API, the Studio and websockets. HTTPS with GRAPHENE_TLS_CERT_FILE and "
+        "GRAPHENE_TLS_KEY_FILE; plain HTTP behind a TLS-terminating proxy whose addresses are in "
+        "GRAPHENE_TRUSTED_PROXIES, or with --insecure. With none of them it refuses to start.",
+    )
     # web runs behind a load balancer or in a container: listen on every interface by default.
     web.add_argument("--host", default=os.environ.get("GRAPHENE_HOST", "0.0.0.0"))  # noqa: S104
     web.add_argument("--port", type=int, default=int(os.environ.get("GRAPHENE_PORT", "8000")))
-    web.add_argument("--proxy-headers", action="store_true", help="trust X-Forwarded-* from a reverse proxy")
+    web.add_argument(
+        "--insecure", action="store_true", help="serve plain HTTP without TLS (tokens and passwords travel unencrypted)"
+    )
+    # Gone: it believed anyone's X-Forwarded-* headers. Kept only to say what replaces it.
+    web.add_argument("--proxy-headers", action="store_true", help=argparse.SUPPRESS)
     worker = sub.add_parser("worker", help="run a Celery worker (extra arguments go to celery)")
     worker.add_argument("--concurrency", type=int, default=0)
     worker.add_argument("--loglevel", default="INFO")
@@ -247,6 +469,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     token.add_argument(
         "-o", "--output", choices=["text", "json"], default="text", help="text: the token alone (default); json"
+    )
+    sub.add_parser(
+        "tls",
+        help="make or show the local CA and server certificate; print the CA's fingerprint",
+        description="Make the local certificate authority and a server certificate in <data dir>/tls unless "
+        "they exist (what 'graphene up' does on its first start), and print where the CA is and its SHA-256 "
+        "fingerprint, which clients pin (graphenectl login --ca-file / --ca-fingerprint). The server "
+        "certificate is for localhost, 127.0.0.1, ::1, this machine's host name, the host of "
+        "GRAPHENE_AGENT_SERVER_URL and GRAPHENE_TLS_HOSTNAMES. Needs no database.",
     )
     sub.add_parser("manage", help="run a manage.py command, e.g. 'graphene manage migrate'", add_help=False)
     return parser
@@ -275,6 +506,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         cmd_web(args)
     elif args.command == "token":
         cmd_token(args)
+    elif args.command == "tls":
+        cmd_tls(args)
 
 
 if __name__ == "__main__":

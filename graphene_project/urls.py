@@ -10,6 +10,7 @@ from apps.observability.views import metrics_view  # observability: /metrics
 urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("readyz", core_views.readyz, name="readyz"),
+    path("tls/ca.pem", core_views.tls_ca, name="tls-ca"),
     path("metrics", metrics_view, name="metrics"),  # observability: Prometheus exposition
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # Swagger UI over the schema, its files from drf-spectacular-sidecar (served here, no CDN).

@@ -75,6 +75,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _xdist_groups(config, items)
 
 
+@pytest.fixture(autouse=True)
+def _empty_cache() -> None:
+    """Each test starts with this process's cache empty (in memory, settings/test.py): the
+    failed authentications one test counts never refuse another's requests."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def eager() -> Iterator[None]:
     """Celery tasks run in this process when sent (on-commit callbacks decide when)."""
@@ -249,7 +258,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def ctl(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Ctl:
     """graphenectl logged in to the session's server (a context saved by ``login``)."""
     ctl = Ctl(tmp_path_factory.mktemp("graphenectl-config"))
-    ctl.ok("login", "--server", server.url, "--token-stdin", "--name", "test", stdin=server.token + "\n")
+    ctl.ok(
+        "login",
+        "--server",
+        server.url,
+        "--ca-file",
+        str(server.ca_file),
+        "--token-stdin",
+        "--name",
+        "test",
+        stdin=server.token + "\n",
+    )
     return ctl
 
 

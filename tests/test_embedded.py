@@ -2,25 +2,34 @@
 
 One process with SQLite under a fresh data directory, the in-process broker, and worker and
 beat threads; no GRAPHENE_DATABASE_URL / BROKER / CHANNEL settings at all. The test drives it
-over HTTP only: a record that becomes ``ready`` proves the in-process worker thread ran.
+over HTTPS only, trusting the local CA the first start made: a record that becomes ``ready``
+proves the in-process worker thread ran.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
+import ssl
 import stat
 import subprocess
 import sys
+import urllib.error
 from collections.abc import Callable, Iterator
+from http.client import RemoteDisconnected
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from websockets.sync.client import connect as ws_connect
+from websockets.typing import Origin
 
-from tests.harness import net
+from apps.core.tls import certificate_names, fingerprint
+from tests.harness import net, tls
 from tests.harness.net import free_port
 from tests.harness.processes import REPO, WITH_DEFAULT_SIGINT
 from tests.harness.wait import wait_for
@@ -32,8 +41,13 @@ STOP_DEADLINE = 20.0
 
 
 def http(method: str, url: str, **options: Any) -> tuple[int, Any]:
-    """A request to the embedded server, which may take a while to answer (``?wait=true``)."""
-    return net.http(method, url, timeout=90, **options)
+    """A request to the embedded server, which may take a while to answer (``?wait=true``),
+    trusting the local CA of the server the URL names."""
+    port = int(url.split(":")[2].split("/")[0])
+    return net.http(method, url, timeout=90, context=tls.context_for(CA_FILES[port]), **options)
+
+
+CA_FILES: dict[int, Path] = {}  # the local CA of each server started here, by port
 
 
 class Server:
@@ -43,7 +57,9 @@ class Server:
         self.data_dir = data_dir
         self.log = log
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ca_file = data_dir / "tls" / "ca.pem"
+        CA_FILES[self.port] = self.ca_file
         self.proc: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
@@ -71,6 +87,8 @@ class Server:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"graphene up exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+        if not self.ca_file.exists():
+            return False
         try:
             status, body = http("GET", f"{self.url}/readyz")
         except OSError:
@@ -119,6 +137,25 @@ def test_graphene_up_serves_the_embedded_mode_end_to_end(servers: Callable[[], S
     assert ready["broker"]["detail"] == "in-process (embedded)"
     assert (data / "graphene.sqlite3").is_file()
 
+    # First start: a local CA and a server certificate, the keys for the user only; the CA's
+    # fingerprint and file are printed (what clients pin).
+    tls_dir = data / "tls"
+    assert stat.S_IMODE(tls_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tls_dir / "ca-key.pem").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tls_dir / "server-key.pem").stat().st_mode) == 0o600
+    ca_pem, server_pem = (tls_dir / "ca.pem").read_bytes(), (tls_dir / "server.pem").read_bytes()
+    printed = re.search(r"CA fingerprint \(SHA-256\) ([0-9A-F:]{95})", server.output())
+    assert printed, server.output()
+    assert printed.group(1) == fingerprint(ca_pem.decode())
+    assert f"local CA {tls_dir / 'ca.pem'} (made now" in server.output()
+    served = x509.load_pem_x509_certificate(ssl.get_server_certificate(("127.0.0.1", server.port)).encode())
+    assert served == x509.load_pem_x509_certificate(server_pem)
+    assert {"localhost", "127.0.0.1", "::1"} <= certificate_names(served)
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # nobody else vouches for it
+        net.http("GET", f"{server.url}/healthz", context=ssl.create_default_context())
+    with pytest.raises(RemoteDisconnected):  # no plain HTTP beside it
+        net.http("GET", f"http://127.0.0.1:{server.port}/healthz", timeout=10)
+
     # First start: an admin and a token, saved for the user only.
     creds_file = data / "admin-credentials.json"
     assert stat.S_IMODE(creds_file.stat().st_mode) == 0o600
@@ -132,6 +169,17 @@ def test_graphene_up_serves_the_embedded_mode_end_to_end(servers: Callable[[], S
 
     token = creds["token"]
     api = f"{server.url}/api/v1"
+    # Websockets are served over TLS too (wss), verified against the same CA.
+    with ws_connect(
+        f"wss://127.0.0.1:{server.port}/ws/runs/",
+        ssl=tls.context_for(server.ca_file),
+        origin=Origin(server.url),
+        additional_headers={"Authorization": f"Token {token}"},
+        proxy=None,
+        open_timeout=30,
+    ) as runs_socket:
+        assert runs_socket.response is not None
+        assert runs_socket.response.status_code == 101
     assert http("GET", f"{api}/records/")[0] in {401, 403}, "the API must require authentication"
     status, kinds = http("GET", f"{api}/kinds/", token=token)
     assert status == 200
@@ -172,6 +220,12 @@ def test_graphene_up_serves_the_embedded_mode_end_to_end(servers: Callable[[], S
     output = second.output()[len(first_output) :]
     assert "log in as 'admin'" in output
     assert "created user" not in output
+    # The same CA and server certificate: clients that pinned it connect as before.
+    assert (tls_dir / "ca.pem").read_bytes() == ca_pem
+    assert (tls_dir / "server.pem").read_bytes() == server_pem
+    assert f"CA fingerprint (SHA-256) {printed.group(1)}" in output
+    assert "made now" not in output
+    assert "issued now" not in output
     assert json.loads(creds_file.read_text()) == creds
     assert http("GET", f"{second.url}/api/v1/records/{stand['id']}/", token=token)[1]["phase"] == "deleted"
     with sqlite3.connect(data / "graphene.sqlite3") as db:

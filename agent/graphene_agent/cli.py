@@ -50,7 +50,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="a label reported in the facts (repeatable)"
     )
-    p.add_argument("--ca-file", help="CA bundle for a wss:// server with a private CA (GRAPHENE_AGENT_CA_FILE)")
+    p.add_argument(
+        "--ca-file",
+        help="CA bundle (PEM) for a wss:// server with a private CA (GRAPHENE_AGENT_CA_FILE); the install data "
+        "usually carries the server's CA instead (GRAPHENE_AGENT_SERVER_CA)",
+    )
     p.add_argument("--backoff-max", metavar="SECONDS", help="cap of the reconnect backoff (default 60)")
     p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING or ERROR")
     p.add_argument("--print-facts", action="store_true", help="print the facts the hello would carry, and exit")

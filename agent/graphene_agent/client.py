@@ -110,6 +110,7 @@ class Agent:
         if removed:
             logger.info("forgot %d acknowledged command results past their keep time", removed)
         attempt = 0
+        level = logging.WARNING
         while True:
             started = asyncio.get_running_loop().time()
             try:
@@ -122,6 +123,13 @@ class Agent:
                 reason = f"connection lost ({code or 'no close frame'})"
             except InvalidStatus as exc:
                 reason = f"the server answered HTTP {exc.response.status_code} instead of a websocket"
+            except ssl.SSLCertVerificationError as exc:
+                # Before anything is sent: the bootstrap token or credential never reaches it.
+                reason = (
+                    f"refusing the server at {self.config.websocket_url}: its certificate does not chain to "
+                    f"{self.config.pinned} ({exc.verify_message or exc}); nothing was sent to it"
+                )
+                level = logging.ERROR
             except (OSError, InvalidHandshake, asyncio.TimeoutError, ValueError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             finally:
@@ -130,13 +138,16 @@ class Agent:
                 attempt = 0
             delay = backoff_delay(attempt, self.config.backoff_base, self.config.backoff_max)
             attempt += 1
-            logger.warning("%s; reconnecting in %.1fs (attempt %d)", reason, delay, attempt)
+            logger.log(level, "%s; reconnecting in %.1fs (attempt %d)", reason, delay, attempt)
+            level = logging.WARNING
             await asyncio.sleep(delay)
 
     def _ssl(self) -> ssl.SSLContext | None:
+        """For wss://: the CA the install data gave (``SERVER_CA``) and ``CA_FILE``, and only
+        them, when either is set; else the system's trust store. Host names are checked."""
         if not self.config.websocket_url.startswith("wss://"):
             return None
-        return ssl.create_default_context(cafile=self.config.ca_file)
+        return ssl.create_default_context(cafile=self.config.ca_file, cadata=self.config.server_ca or None)
 
     def _first_message(self) -> dict[str, Any]:
         """Credential if we have one for this enrollment, else the bootstrap token."""
@@ -154,7 +165,10 @@ class Agent:
 
     async def session(self) -> None:
         first = self._first_message()
-        logger.info("connecting to %s", self.config.websocket_url)
+        if self.config.websocket_url.startswith("wss://"):
+            logger.info("connecting to %s (trusting %s)", self.config.websocket_url, self.config.pinned)
+        else:
+            logger.info("connecting to %s (plain ws://: unencrypted)", self.config.websocket_url)
         async with connect(
             self.config.websocket_url,
             origin=Origin(self.config.origin),

@@ -2,10 +2,18 @@
 
 The env file holds the bootstrap token (a secret until it is used), so it must not be
 readable or writable by anyone but its owner; the agent refuses to start otherwise.
+
+It also holds ``GRAPHENE_AGENT_SERVER_CA``: the CA certificate the server's certificate must
+chain to, as the install data gave it (the PEM body on one line: base64 DER). With it (or
+``CA_FILE``) the agent trusts that CA and nothing else for ``wss://``; without either, the
+system's trust store.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import os
 import stat
 import uuid
@@ -23,7 +31,8 @@ KEYS = (
     "BOOTSTRAP_TOKEN",  # single-use; exchanged at first connect for a credential
     "STATE_DIR",  # where the credential and the command journal live (0700)
     "LABELS",  # k=v,k=v reported in the hello facts
-    "CA_FILE",  # extra CA bundle for wss:// to a server with a private CA
+    "SERVER_CA",  # the CA the server's certificate must chain to: base64 DER, comma-separated if several
+    "CA_FILE",  # a CA bundle (PEM file) for wss:// to a server with a private CA
     "BACKOFF_BASE_SECONDS",
     "BACKOFF_MAX_SECONDS",
     "LOG_LEVEL",
@@ -42,6 +51,7 @@ class Config:
     bootstrap_token: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     ca_file: str | None = None
+    server_ca: bytes = b""  # DER certificate(s) from SERVER_CA
     backoff_base: float = 0.5
     backoff_max: float = 60.0
     log_level: str = "INFO"
@@ -49,6 +59,24 @@ class Config:
     @property
     def websocket_url(self) -> str:
         return websocket_url(self.server)
+
+    @property
+    def pinned(self) -> str:
+        """What the agent trusts for wss://, for its log lines."""
+        parts = []
+        if self.server_ca:
+            parts.append(f"the CA it was installed with (SHA-256 {self.server_ca_fingerprint})")
+        if self.ca_file:
+            parts.append(f"the CA file {self.ca_file}")
+        return " and ".join(parts) or "the system's trust store"
+
+    @property
+    def server_ca_fingerprint(self) -> str:
+        """The SHA-256 fingerprint of the (first) installed CA, as ``graphene up`` prints it."""
+        if not self.server_ca:
+            return ""
+        first = ssl_der_first(self.server_ca)
+        return ":".join(f"{b:02X}" for b in hashlib.sha256(first).digest())
 
     @property
     def origin(self) -> str:
@@ -68,6 +96,34 @@ def websocket_url(server: str) -> str:
     if not path.endswith(PATH):
         path = path + PATH
     return urlunsplit((schemes[parts.scheme], parts.netloc, path, "", ""))
+
+
+def ssl_der_first(der: bytes) -> bytes:
+    """The first certificate of concatenated DER certificates (its length is in its header)."""
+    if len(der) < 4 or der[0] != 0x30:
+        return der
+    if der[1] < 0x80:
+        return der[: 2 + der[1]]
+    count = der[1] & 0x7F
+    length = int.from_bytes(der[2 : 2 + count], "big")
+    return der[: 2 + count + length]
+
+
+def parse_server_ca(text: str) -> bytes:
+    """``GRAPHENE_AGENT_SERVER_CA``: base64 DER certificates, comma-separated, as DER bytes."""
+    certs = []
+    for part in text.split(","):
+        part = "".join(part.split())
+        if not part:
+            continue
+        try:
+            der = base64.b64decode(part, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{PREFIX}SERVER_CA is not base64 (a certificate's PEM body on one line)") from None
+        if not der.startswith(b"\x30"):
+            raise ConfigError(f"{PREFIX}SERVER_CA does not hold a certificate (DER)")
+        certs.append(der)
+    return b"".join(certs)
 
 
 def check_private(path: Path) -> None:
@@ -175,6 +231,7 @@ def load(
         bootstrap_token=merged.get("BOOTSTRAP_TOKEN") or None,
         labels=labels,
         ca_file=merged.get("CA_FILE") or None,
+        server_ca=parse_server_ca(merged.get("SERVER_CA", "")),
         backoff_base=_float(merged, "BACKOFF_BASE_SECONDS", 0.5),
         backoff_max=_float(merged, "BACKOFF_MAX_SECONDS", 60.0),
         log_level=(merged.get("LOG_LEVEL") or "INFO").upper(),

@@ -23,6 +23,7 @@ from apps.agents.models import Agent, AgentCommand, AgentToken
 from apps.core import access
 from apps.core.admin import AccessAdmin
 from apps.core.errors import NotFound
+from apps.core.security import csp_relax
 from apps.records.models import Record
 
 
@@ -105,7 +106,11 @@ class AgentAdmin(ReadOnly):
             # The breadcrumbs link the agent's pages only for those who may see them.
             "has_view_permission": state is not None and self.has_view_permission(request, state),
         }
-        return TemplateResponse(request, "admin/agents/agent/terminal.html", context)
+        response = TemplateResponse(request, "admin/agents/agent/terminal.html", context)
+        # xterm.js's DOM renderer writes <style> elements and style= attributes of its own (cell
+        # sizes and colours measured and computed in the browser: no hash or nonce can name
+        # them). Inline styles are allowed on this page only; scripts stay 'self' alone.
+        return csp_relax(response, "style-src", "'unsafe-inline'")
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None

@@ -1,8 +1,10 @@
 """The install script for a machine: cloud-init user-data, or run as-is over SSH.
 
 It needs only ``/bin/sh`` and ``python3`` (>= 3.9): Python itself downloads the zipapp and
-checks its SHA-256 (no curl or wget needed). It converges: running it again replaces the
-zipapp and the config and restarts the agent, never starting a second one.
+checks its SHA-256 (no curl or wget needed). Over HTTPS the download trusts the server's CA
+the script carries (``SERVER_CA``, also written into the agent's config), and only it. It
+converges: running it again replaces the zipapp and the config and restarts the agent, never
+starting a second one.
 
 Overridable from the environment (for non-root installs and tests): ``GRAPHENE_AGENT_PREFIX``,
 ``GRAPHENE_AGENT_CONF_DIR``, ``GRAPHENE_AGENT_STATE_DIR``, ``GRAPHENE_AGENT_PYTHON`` and
@@ -21,6 +23,7 @@ set -eu
 umask 077
 
 SERVER={server}
+SERVER_CA={server_ca}
 PYZ_SHA256={sha256}
 
 if [ "$(id -u)" = 0 ]; then
@@ -42,10 +45,13 @@ mkdir -p "$PREFIX" "$CONF_DIR" "$STATE_DIR"
 chmod 700 "$CONF_DIR" "$STATE_DIR"
 
 # Download and verify with Python itself.
-"$PY" - "$SERVER/agents/download" "$PREFIX/.graphene-agent.pyz.tmp" "$PYZ_SHA256" <<'GRAPHENE_PY'
-import hashlib, sys, urllib.request
-url, dest, want = sys.argv[1:4]
-with urllib.request.urlopen(url, timeout=120) as response:
+"$PY" - "$SERVER/agents/download" "$PREFIX/.graphene-agent.pyz.tmp" "$PYZ_SHA256" "$SERVER_CA" <<'GRAPHENE_PY'
+import base64, hashlib, ssl, sys, urllib.request
+url, dest, want, server_ca = sys.argv[1:5]
+context = None
+if server_ca:
+    context = ssl.create_default_context(cadata=b"".join(base64.b64decode(c) for c in server_ca.split(",")))
+with urllib.request.urlopen(url, timeout=120, context=context) as response:
     data = response.read()
 got = hashlib.sha256(data).hexdigest()
 if got != want:
@@ -101,11 +107,14 @@ fi
 """
 
 
-def render_install_script(*, server_url: str, pyz_sha256: str, env_file: str, agent_name: str) -> str:
+def render_install_script(
+    *, server_url: str, pyz_sha256: str, env_file: str, agent_name: str, server_ca: str = ""
+) -> str:
     if "GRAPHENE_ENV" in env_file:  # would end the here-document early
         raise ValueError("the env file must not contain the here-document delimiter")
     return TEMPLATE.format(
         server=shlex.quote(server_url),
+        server_ca=shlex.quote(server_ca),
         sha256=shlex.quote(pyz_sha256),
         env_file=env_file if env_file.endswith("\n") else env_file + "\n",
         agent_name_comment=" ".join(agent_name.split())[:100],

@@ -185,9 +185,14 @@ def agent_declared_needs_unmet(*, record: Record) -> list[str] | None:
 
 
 def agents_select(
-    *, labels: dict[str, str] | None = None, needs: list[dict[str, Any]] | None = None, limit: int = 1000
+    *,
+    labels: dict[str, str] | None = None,
+    needs: list[dict[str, Any]] | None = None,
+    namespace: str | None = None,
+    limit: int = 1000,
 ) -> list[Record]:
-    """Live agent records whose labels match and whose capabilities meet every need, by name.
+    """Live agent records whose labels match and whose capabilities meet every need, by name
+    (``namespace``: only that namespace's; a run selects only among its own namespace's agents).
 
     The capability names are matched in SQL (one EXISTS per need, over the name index), the
     label conditions of the few agents left in Python.
@@ -195,6 +200,8 @@ def agents_select(
     qs: QuerySet[Record] = Record.objects.filter(kind=AGENT_KIND, deletion_requested_at__isnull=True).exclude(
         phase=Phase.DELETED
     )
+    if namespace is not None:
+        qs = qs.filter(namespace=namespace)
     if labels:
         qs = filter_labels(qs, labels)
     for need in needs or []:
@@ -210,9 +217,12 @@ def agents_select(
     return [r for r in found if all(_need_met(n, by_agent.get(r.pk, {}).get(n["name"])) for n in needs)]
 
 
-def agent_find(*, name_or_id: str) -> list[Record]:
-    """Live agent records with this id or name (a name may match several: the caller decides)."""
+def agent_find(*, name_or_id: str, namespace: str | None = None) -> list[Record]:
+    """Live agent records with this id or name (a name may match several: the caller decides),
+    in ``namespace`` when given (a run attaches only its own namespace's agents)."""
     qs = Record.objects.filter(kind=AGENT_KIND, deletion_requested_at__isnull=True).exclude(phase=Phase.DELETED)
+    if namespace is not None:
+        qs = qs.filter(namespace=namespace)
     try:
         pk = uuid.UUID(str(name_or_id))
     except ValueError:

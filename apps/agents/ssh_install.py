@@ -259,7 +259,7 @@ def agent_ssh_install(
     server = (server_url or settings.GRAPHENE_AGENT_SERVER_URL).rstrip("/")
     expected = host_key_parse(target.host_key)
     try:
-        key_text = secret_resolve(name=target.key_secret)
+        key_text = secret_resolve(name=target.key_secret, namespace=record.namespace)
     except SecretNotFound as exc:
         raise SSHInstallError(f"cannot install agent {record.name} on {target.address}: {exc.detail}") from None
     pkey = _private_key(key_text, target.key_secret)
@@ -268,6 +268,8 @@ def agent_ssh_install(
     manifest = {
         "agent_id": str(record.pk),
         "server": server,
+        # A server whose CA changed gets an agent that trusts the new one: not "current" any more.
+        "server_ca": hashlib.sha256(services.agent_server_ca(server_url=server).encode()).hexdigest(),
         "pyz_sha256": bundle.sha256,
         "labels": dict(sorted(record.labels.items())),
     }

@@ -4,6 +4,7 @@ reads)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -202,7 +203,7 @@ class BindingViewSet(DoorChecks, viewsets.GenericViewSet[RoleBinding]):
 
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, pk: str) -> Response:
-        if not pk.isdigit() or len(pk) > 18:
+        if not re.fullmatch(r"-?[0-9]{1,18}", pk):
             raise ValidationFailed(f"binding ids are numbers, not {pk!r}", fields={"id": ["a number"]})
-        rbac.role_unbind(binding_id=int(pk), actor=request.user)
+        rbac.role_unbind(binding_id=int(pk), actor=request.user)  # no such binding (a negative id too): 404
         return Response(status=status.HTTP_204_NO_CONTENT)

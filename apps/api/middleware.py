@@ -11,8 +11,8 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
-from apps.api.errors import as_json_error, graphene_error_response, is_api
-from apps.core import validation
+from apps.api.errors import as_json_error, error_response, graphene_error_response, is_api
+from apps.core import throttle, validation
 from apps.core.errors import GrapheneError
 
 
@@ -29,8 +29,9 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
 
 
 class ApiDoorMiddleware:
-    """First in ``MIDDLEWARE``: it refuses before sessions, CSRF or a view read anything, and
-    sees every answer last. Serves sync and async stacks alike (no thread hop under ASGI)."""
+    """Early in ``MIDDLEWARE`` (only the security headers' come before it): it refuses before
+    sessions, CSRF or a view read anything, and sees every answer after them. Serves sync and
+    async stacks alike (no thread hop under ASGI)."""
 
     sync_capable = True
     async_capable = True
@@ -57,3 +58,29 @@ class ApiDoorMiddleware:
         get_response: Callable[[HttpRequest], Awaitable[HttpResponse]] = self.get_response
         response = await get_response(request)
         return as_json_error(response) if is_api(request) else response
+
+
+class AuthFailureThrottleMiddleware:
+    """Failed token authentications under ``/api/``, limited per client address
+    (``apps/core/throttle.py``): a 401 answer counts one; an address over the limit is answered
+    429 (``throttled``, with ``Retry-After``) before its credentials are judged, until the
+    window ends. After ``AuthenticationMiddleware``: a user logged in to the Studio (the
+    session) has authenticated already and is neither counted nor refused."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        user = getattr(request, "user", None)
+        if not is_api(request) or (user is not None and user.is_authenticated):
+            return self.get_response(request)
+        address = throttle.request_client_address(request)
+        wait = throttle.auth_failure_throttled(address)
+        if wait is not None:
+            refused = error_response(429, "throttled", throttle.throttled_detail(wait))
+            refused["Retry-After"] = str(wait)
+            return refused
+        response = self.get_response(request)
+        if response.status_code == 401:
+            throttle.auth_failure_record(address=address)
+        return response

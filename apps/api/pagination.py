@@ -36,6 +36,10 @@ class Paged(CursorPagination):
 
     def get_page_size(self, request: Request) -> int:
         raw = request.query_params.get(self.page_size_query_param or "limit")
+        if raw == "":  # ``?limit=``: a number was meant and is missing
+            raise ValidationFailed(
+                "limit= is empty: give a number of rows, or leave limit out", fields={"limit": ["empty"]}
+            )
         size = validation.parse_int(raw, field="limit", default=self.page_size or 100, lo=1, hi=_LIMIT_CEILING)
         return min(size, self.max_page_size or size)
 

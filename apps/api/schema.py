@@ -41,6 +41,7 @@ _WHY = {
     "409": "the current state forbids it",
     "413": "the body is larger than the server takes",
     "415": "a body of a media type this operation does not take",
+    "422": "well formed, but it contradicts what was done before (an idempotency key reused with other inputs)",
 }
 # Every operation may answer these: input is checked (query strings, ids in the path), a token is
 # needed, permissions apply and a path names something that may not exist.

@@ -16,8 +16,9 @@ acting on one object call ``require``. tests/access walks every route and proves
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -101,7 +102,7 @@ class AccessDenied(GrapheneError):
     """The actor is known but no role bound to them grants the verb (403)."""
 
     status_code = 403
-    code = "forbidden"
+    code = "permission_denied"
 
 
 class UnknownNamespace(GrapheneError):
@@ -253,6 +254,24 @@ def require_actor(actor: Any, verb: str, resource: str, namespace: str | None) -
     when Graphene acts on its own (the engine, the reconciler, beat), which nothing narrows."""
     if actor is not None:
         require(actor, verb, resource, namespace)
+
+
+_acting: contextvars.ContextVar[str] = contextvars.ContextVar("graphene_acting_namespace", default=DEFAULT_NAMESPACE)
+
+
+@contextlib.contextmanager
+def acting_in(namespace: str) -> Iterator[None]:
+    """While a run's code executes: the namespace its reads of secrets and the like stay in."""
+    reset = _acting.set(namespace)
+    try:
+        yield
+    finally:
+        _acting.reset(reset)
+
+
+def acting_namespace() -> str:
+    """The namespace of the run whose code is executing here (``default`` outside any run)."""
+    return _acting.get()
 
 
 _known: dict[str, float] = {}

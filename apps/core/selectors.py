@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Model, QuerySet
 
 from apps.core import access
 from apps.core.errors import NotFound
 from apps.core.models import AuditEntry, Namespace, Role, RoleBinding
+from apps.core.tls import CA_FILE, ca_file_read
 
 M = TypeVar("M", bound=Model)
 
@@ -106,3 +109,17 @@ def audit_list(
     if request_id:
         qs = qs.filter(request_id=request_id)
     return qs.order_by("-created_at", "-id")
+
+
+def tls_ca_pem() -> str | None:
+    """The CA certificate (PEM) clients and agents pin for this server: ``GRAPHENE_TLS_CA_FILE``,
+    else the local CA of ``graphene up`` when the server uses it (no ``GRAPHENE_TLS_CERT_FILE``)
+    and it exists; None for a certificate from a CA the machines already trust. Read at each
+    call: ``graphene up`` makes its CA after the settings are loaded. ``TLSError`` when a
+    configured file cannot be read."""
+    if settings.GRAPHENE_TLS_CA_FILE:
+        return ca_file_read(Path(settings.GRAPHENE_TLS_CA_FILE))
+    local = Path(settings.GRAPHENE_TLS_DIR) / CA_FILE
+    if settings.GRAPHENE_TLS_CERT_FILE or not local.exists():
+        return None
+    return ca_file_read(local)

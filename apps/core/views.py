@@ -1,11 +1,13 @@
-"""Liveness and readiness probes (no authentication: orchestrators call them)."""
+"""Liveness and readiness probes (no authentication: orchestrators call them), and the CA
+certificate clients pin."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from apps.core import health
+from apps.core.selectors import tls_ca_pem
 
 
 @require_GET
@@ -25,3 +27,20 @@ def readyz(request: HttpRequest) -> JsonResponse:
         "database_pool": health.database_pool(),
     }
     return JsonResponse(body, status=200 if body["status"] == "ok" else 503)
+
+
+@require_GET
+def tls_ca(request: HttpRequest) -> HttpResponse:
+    """The CA certificate that issued this server's certificate (PEM), for clients that pin it
+    by fingerprint (``graphenectl login --ca-fingerprint``): a client fetches it, checks its
+    fingerprint against the one the operator gave, and from then on trusts only it. Public
+    information, so no authentication; 404 when the server's certificate is from a CA the
+    machines already trust (``GRAPHENE_TLS_CA_FILE`` unset beside ``GRAPHENE_TLS_CERT_FILE``)."""
+    pem = tls_ca_pem()
+    if pem is None:
+        return HttpResponse(
+            "this server names no CA of its own: its certificate is checked against the system's trust store\n",
+            status=404,
+            content_type="text/plain",
+        )
+    return HttpResponse(pem, content_type="application/x-pem-file")

@@ -64,9 +64,20 @@ class Run(TimeStampedModel):
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
     group = models.PositiveIntegerField(null=True, blank=True)
     group_index = models.PositiveIntegerField(null=True, blank=True)
+    # The start's idempotency key (a client's ``Idempotency-Key``, or one derived from the cause
+    # of a child run): a second start of the pipeline with it returns this run.
+    # NULL, not "": runs started without a key are outside the unique constraint.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["pipeline", "number"], name="run_unique_number")]
+        constraints = [
+            models.UniqueConstraint(fields=["pipeline", "number"], name="run_unique_number"),
+            models.UniqueConstraint(
+                fields=["pipeline", "idempotency_key"],
+                name="run_unique_idempotency_key",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+        ]
         indexes = [
             models.Index(fields=["status", "created_at"], name="run_status_created"),
             # Lease sweeper: only running runs carry a lease.

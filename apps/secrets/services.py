@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -181,3 +182,62 @@ def secret_refs_resolve(value: Any, *, namespace: str = DEFAULT_NAMESPACE) -> An
     if isinstance(value, list):
         return [secret_refs_resolve(item, namespace=namespace) for item in value]
     return value
+
+
+def secret_refs_values(value: Any, *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """The values of the secrets ``value`` references (e.g. a container's ``env``), for
+    ``secrets_mask``: what a program given them printed. A missing one is left out: the program
+    was never given it."""
+    name = secret_ref_name(value)
+    if name is not None:
+        try:
+            return [secret_resolve(name=name, namespace=namespace)]
+        except NotFound:
+            return []
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in secret_refs_values(item, namespace=namespace)]
+    if isinstance(value, list):
+        return [found for item in value for found in secret_refs_values(item, namespace=namespace)]
+    return []
+
+
+# --- masking what a program printed ------------------------------------------------------------
+
+MASK = "***"
+# A line of a multi-line value (a private key) is masked on its own, as a program may print it
+# alone; shorter lines ("", "==") would mask ordinary text everywhere and are left out.
+MIN_LINE_CHARS = 6
+
+
+def _mask_candidates(values: Iterable[str]) -> list[str]:
+    found: set[str] = set()
+    for value in values:
+        if not value:
+            continue
+        found.add(value)
+        if "\n" in value or "\r" in value:
+            found.update(line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_LINE_CHARS)
+    return sorted(found, key=len, reverse=True)  # the longest first: a line never splits its value
+
+
+def secrets_mask(text: str, *, values: Iterable[str], is_tail: bool = False) -> str:
+    """``text`` with every occurrence of a secret's value (and of each line of a multi-line
+    one) replaced by ``***``.
+
+    For what a program that was given secrets printed (an agent command's output and result):
+    its output is stored and shown, the values it was given never are (I7). ``is_tail``: the
+    text is the end of a longer output, so it may begin in the middle of a value; a start
+    that is the end of a value (``MIN_LINE_CHARS`` or longer) is masked too.
+    """
+    candidates = _mask_candidates(values)
+    for candidate in candidates:
+        text = text.replace(candidate, MASK)
+    head = text[:MIN_LINE_CHARS]
+    if is_tail and len(head) == MIN_LINE_CHARS:
+        for candidate in candidates:  # the longest end of a value the text starts with
+            start = candidate.find(head, 1)
+            while start != -1:
+                if text.startswith(candidate[start:]):
+                    return MASK + text[len(candidate) - start :]
+                start = candidate.find(head, start + 1)
+    return text

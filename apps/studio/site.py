@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, URLResolver, path
+from django.urls import URLPattern, URLResolver, path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 
-from apps.core import access
+from apps.core import access, throttle
 
 
 class StudioSite(admin.AdminSite):
@@ -61,6 +63,44 @@ class StudioSite(admin.AdminSite):
             page("audit/", audit.audit_list, "studio_audit", "list", "audit"),
         ]
         return [*studio, *super().get_urls()]
+
+    def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The admin's login, with failed attempts limited per client address and per username
+        (``apps/core/throttle.py``): over the limit, the form answers 429 without judging the
+        password, saying when to try again. A successful login is never counted."""
+        if request.method != "POST":
+            return super().login(request, extra_context)
+        address = throttle.request_client_address(request)
+        username = str(request.POST.get("username", ""))[:150]
+        wait = throttle.auth_failure_throttled(address, username=username)
+        if wait is not None:
+            return self._login_throttled(request, wait, username)
+        response = super().login(request, extra_context)
+        if response.status_code == 200:  # the form again, with its errors: refused
+            throttle.auth_failure_record(address=address, username=username)
+        return response
+
+    def _login_throttled(self, request: HttpRequest, wait: int, username: str) -> HttpResponse:
+        from django.contrib.admin.forms import AdminAuthenticationForm
+
+        next_url = str(request.POST.get(REDIRECT_FIELD_NAME) or request.GET.get(REDIRECT_FIELD_NAME) or "")
+        if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, require_https=request.is_secure()):
+            next_url = reverse("admin:index", current_app=self.name)
+        context = {
+            **self.each_context(request),
+            "title": "Log in",
+            "subtitle": None,
+            "app_path": request.get_full_path(),
+            "form": (self.login_form or AdminAuthenticationForm)(request, initial={"username": username}),
+            REDIRECT_FIELD_NAME: next_url,
+            "throttled": (
+                f"Too many failed logins from this address or for this username: try again in {wait} seconds."
+            ),
+        }
+        request.current_app = self.name
+        response = TemplateResponse(request, self.login_template or "admin/login.html", context, status=429)
+        response["Retry-After"] = str(wait)
+        return response
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
         from apps.studio.views import home

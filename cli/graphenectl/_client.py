@@ -1,6 +1,7 @@
 """The REST client: JSON over HTTP with a token, errors turned into actionable ``CliError``\\s.
 
-Standard library only (urllib). Every API error has one shape,
+Standard library only (urllib). Over HTTPS the server's certificate is verified against the
+context's pinned CA, else the system's trust store (``graphene_sdk.tls.Trust``). Every API error has one shape,
 ``{"error": code, "detail": text, "fields": {path: [messages]}}``; it maps to an exit code:
 400 → 2 (usage), 404 → 3 (not found), anything else → 1.
 """
@@ -14,8 +15,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from graphene_sdk.tls import Trust, certificate_error
 
 from graphenectl import __version__
 from graphenectl._config import LOGIN_HINT
@@ -34,6 +37,7 @@ class TokenRefused(CliError):
 class Response:
     status: int
     body: Any
+    headers: Mapping[str, str] = field(default_factory=dict)  # names lowercased
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,22 @@ def query(params: Params | None) -> str:
 class Client:
     """One server, one token. Paths are relative to ``/api/v1``."""
 
-    def __init__(self, server: str, token: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, server: str, token: str, *, timeout: float = DEFAULT_TIMEOUT, trust: Trust | None = None
+    ) -> None:
         self.server = server.rstrip("/")
         self.token = token
         self.timeout = timeout
-        host = urllib.parse.urlsplit(self.server).hostname or ""
+        self.trust = trust or Trust()
+        parts = urllib.parse.urlsplit(self.server)
+        # The same verification for the websockets (the agent terminal) as for the requests.
+        self.ssl_context = self.trust.context() if parts.scheme == "https" else None
         # A proxy from the environment must not intercept a server on this machine.
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(host) else []
+        handlers: list[urllib.request.BaseHandler] = (
+            [urllib.request.ProxyHandler({})] if _is_loopback(parts.hostname or "") else []
+        )
+        if self.ssl_context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self.ssl_context))
         self._opener = urllib.request.build_opener(*handlers)
 
     def url(self, path: str, params: Params | None = None) -> str:
@@ -115,12 +128,14 @@ class Client:
         params: Params | None = None,
         body: Any = None,
         timeout: float | None = None,
+        extra_headers: dict[str, str] | None = None,
     ) -> Response:
         url = self.url(path, params)
         headers = {
             "Accept": "application/json",
             "Authorization": f"Token {self.token}",
             "User-Agent": f"graphenectl/{__version__}",
+            **(extra_headers or {}),
         }
         data = None
         if body is not None:
@@ -129,7 +144,11 @@ class Client:
         req = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http(s) only
         try:
             with self._opener.open(req, timeout=timeout or self.timeout) as resp:
-                return Response(resp.status, self._decode(resp.read(), url, resp.status))
+                return Response(
+                    resp.status,
+                    self._decode(resp.read(), url, resp.status),
+                    {k.lower(): v for k, v in resp.headers.items()},
+                )
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             raise self._http_error(exc.code, raw, url) from None
@@ -236,10 +255,15 @@ class Client:
         if status == 400:
             return CliError(detail or "invalid request", exit_code=EXIT_USAGE, fields=fields)
         if status >= 500:
-            return CliError(f"server error (HTTP {status}) at {self.server}: {detail}; try again or check its log")
+            return CliError(
+                f"server error (HTTP {status}) at {self.server}: {detail}; try again or check its log", retryable=True
+            )
         return CliError(f"{detail} (HTTP {status}, {body.get('error', 'error')})", fields=fields)
 
     def _unreachable(self, exc: BaseException) -> CliError:
+        refused = certificate_error(exc)
+        if refused is not None:
+            return CliError(self.trust.untrusted(self.server, refused))
         reason: Any = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError):
             why = "no answer in time"
@@ -251,5 +275,6 @@ class Client:
             why = str(reason)
         return CliError(
             f"cannot reach the Graphene server at {self.server} ({why}): is it running? "
-            f"Check where this points with `graphenectl ctx show`, or point it elsewhere with `{LOGIN_HINT}`"
+            f"Check where this points with `graphenectl ctx show`, or point it elsewhere with `{LOGIN_HINT}`",
+            retryable=True,
         )

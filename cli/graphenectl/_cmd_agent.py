@@ -124,6 +124,8 @@ async def _session(url: str, headers: dict[str, str], origin: str, loopback: boo
             url,
             additional_headers=headers,
             origin=Origin(origin),
+            # wss: verified as the REST requests are (the context's pinned CA, or the system's).
+            ssl=session.client().ssl_context if url.startswith("wss://") else None,
             proxy=None if loopback else True,
             user_agent_header=f"graphenectl/{__version__}",
             open_timeout=session.timeout,

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
+from graphene_sdk._retry import IDEMPOTENCY_HEADER, new_idempotency_key, retrying
 from rich.console import Group
 from rich.live import Live
 from rich.text import Text
@@ -320,8 +321,19 @@ def start(
         Format | None,
         typer.Option("--output", "-o", case_sensitive=False, help="print the run: table|wide|json|yaml|name"),
     ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="a key of yours (a CI build id): starting again with it answers the run it started "
+            "instead of starting another (default: a fresh key per command)",
+        ),
+    ] = None,
 ) -> None:
     """Start a run; inputs are checked against the pipeline's schema before anything is sent.
+
+    A start that meets a connection error, a timeout or a server error (5xx) is retried with
+    backoff under the same idempotency key: a run is started once, however many tries it takes.
 
     Examples:
 
@@ -340,7 +352,21 @@ def start(
         return
     base = read_document(inputs_file, option="--inputs") if inputs_file else {}
     inputs = check_inputs(definition, {} if base is None else base, input_ or [])
-    run = client.post(f"pipelines/{pipeline}/runs/", {"inputs": inputs})
+    key = idempotency_key or new_idempotency_key()
+
+    def retried(attempt: int, wait: float, exc: Exception) -> None:
+        info(f"start attempt {attempt} failed ({exc}); trying again in {wait:.1f}s with the same idempotency key")
+
+    answer = retrying(
+        lambda: client.request(
+            "POST", f"pipelines/{pipeline}/runs/", body={"inputs": inputs}, extra_headers={IDEMPOTENCY_HEADER: key}
+        ),
+        retryable=lambda exc: getattr(exc, "retryable", False),
+        on_retry=retried,
+    )
+    run = answer.body
+    if answer.headers.get("idempotent-replayed") == "true":  # header names are kept lowercased
+        note(f"this key ({key}) started run {title(run)} before: that run is answered, no other is started")
     note(f"started run {title(run)} ({run['status']}): run/{run['id']}")
     if not watch:
         info(f"watch it: graphenectl run watch {run['id']}")

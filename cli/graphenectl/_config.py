@@ -9,7 +9,9 @@ from pathlib import Path
 from graphene_sdk import ConfigError
 from graphene_sdk import config as _sdk
 from graphene_sdk.config import (
+    ENV_CA_FILE,
     ENV_CONTEXT,
+    ENV_INSECURE,
     ENV_SERVER,
     ENV_TOKEN,
     LOGIN_HINT,
@@ -45,6 +47,24 @@ def load(path: Path | None = None) -> Config:
         raise _cli_error(exc) from None
 
 
+def ca_file_read(path: Path) -> str:
+    """The PEM certificate(s) of ``--ca-file``; a usage error naming the file if it is not one."""
+    try:
+        return _sdk.ca_file_read(path)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def ca_fetch(server: str, fingerprint: str, *, timeout: float) -> str:
+    """The server's CA, fetched and kept only if its fingerprint is ``fingerprint`` (``--ca-fingerprint``)."""
+    from graphene_sdk import tls
+
+    try:
+        return tls.ca_fetch(server, fingerprint, timeout=timeout)
+    except ConfigError as exc:
+        raise _cli_error(exc) from None
+
+
 def resolve(config: Config, context_name: str | None) -> Target:
     """The server and token to use: ``--context``/``GRAPHENE_CONTEXT``, else the current one; env wins."""
     try:
@@ -54,13 +74,17 @@ def resolve(config: Config, context_name: str | None) -> Target:
 
 
 __all__ = [
+    "ENV_CA_FILE",
     "ENV_CONTEXT",
+    "ENV_INSECURE",
     "ENV_SERVER",
     "ENV_TOKEN",
     "LOGIN_HINT",
     "Config",
     "ContextEntry",
     "Target",
+    "ca_fetch",
+    "ca_file_read",
     "config_path",
     "default_context_name",
     "load",

@@ -23,12 +23,16 @@ class CliError(Exception):
         exit_code: int = EXIT_FAILURE,
         fields: Mapping[str, Sequence[str]] | None = None,
         hint: str | None = None,
+        retryable: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
         self.fields = dict(fields or {})
         self.hint = hint
+        # The server was not reached, did not answer in time, or failed (5xx): a request that
+        # is safe to repeat (a start with its idempotency key) may be tried again.
+        self.retryable = retryable
 
 
 class UsageError(CliError):

@@ -23,7 +23,7 @@ class Session:
     def client(self) -> Client:
         if self._client is None:
             target = self.target()
-            self._client = Client(target.server, target.token, timeout=self.timeout)
+            self._client = Client(target.server, target.token, timeout=self.timeout, trust=target.trust)
         return self._client
 
 

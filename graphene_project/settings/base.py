@@ -17,7 +17,14 @@ from celery.schedules import schedule
 from django.core.exceptions import ImproperlyConfigured
 
 from graphene_project import process
-from graphene_project.settings.env import check_broker_url, check_redis_url, database_from_url, env, pool_options
+from graphene_project.settings.env import (
+    check_broker_url,
+    check_redis_url,
+    database_from_url,
+    env,
+    pool_options,
+    trusted_networks,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -74,22 +81,41 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # A request id for every request (X-Request-Id) and the audit context: who acts, under which
-    # request (apps/core/audit.py). Outermost, so that every answer carries the id.
+    # First: the security headers and the Content-Security-Policy on every answer, the ones the
+    # next middleware rewrites included (apps/core/security.py).
+    "apps.core.security.SecurityHeadersMiddleware",
+    # A request id for every request (X-Request-Id on every answer) and the audit context: who
+    # acts, under which request (apps/core/audit.py).
     "apps.core.middleware.AuditContextMiddleware",
-    # First: refuses a path or query PostgreSQL cannot store, and gives every error under /api/
-    # the API's JSON shape, whatever made it (apps/api/middleware.py).
+    # Refuses a path or query PostgreSQL cannot store, and gives every error under /api/ the
+    # API's JSON shape, whatever made it (apps/api/middleware.py).
     "apps.api.middleware.ApiDoorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Failed token authentications under /api/, limited per client address (apps/core/throttle.py).
+    "apps.api.middleware.AuthFailureThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A view that waited the pool's timeout for a database connection answers 503 (the web's pool).
     "apps.core.middleware.DatabaseBusyMiddleware",
 ]
+
+# --- Security headers (apps/core/security.py) ----------------------------------------------------
+# Django's defaults, stated: every answer carries them (static files too). HSTS is set in
+# production (prod.py) and sent on secure requests only.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# --- Failed authentications (apps/core/throttle.py) -------------------------------------------------
+# Failed logins at the Studio's form (per client address and per username) and failed token
+# authentications (per client address) allowed in a minute; past it, 429 until the minute
+# ends. 0 turns the limit off. The counts live in the cache below.
+GRAPHENE_AUTH_FAILURES_PER_MINUTE = env.integer("GRAPHENE_AUTH_FAILURES_PER_MINUTE", 10)
 
 ROOT_URLCONF = "graphene_project.urls"
 # Under /api/ a failed CSRF check answers in the API's JSON error shape (the Studio's stays HTML).
@@ -236,6 +262,22 @@ if CHANNEL_LAYER_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# --- Cache ---------------------------------------------------------------------------------------
+# Shared by every web process in production (the failed-authentication counts): Redis, at
+# GRAPHENE_CACHE_URL or else the channel layer's Redis (the cache's keys are prefixed and
+# expire). Embedded (one process): in memory.
+CACHE_URL = env.string("GRAPHENE_CACHE_URL") or CHANNEL_LAYER_URL
+if CACHE_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": check_redis_url(CACHE_URL, setting="GRAPHENE_CACHE_URL"),
+            "KEY_PREFIX": "graphene-cache",
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 # --- REST API ----------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -366,10 +408,35 @@ CELERY_BEAT_SCHEDULE["observability-purge"] = {
     "schedule": schedule(timedelta(hours=1)),
 }
 
+# --- TLS (graphene_project/cli.py, apps/core/tls.py, apps/core/proxy.py; docs/tls.md) ----------
+# The server's certificate (PEM, followed by its intermediates) and its unencrypted key: with
+# both set, `graphene web` and `graphene up` serve HTTPS and WSS with them. Without them
+# `graphene up` uses its local CA (below) and `graphene web` refuses to start unless a
+# TLS-terminating proxy is configured (GRAPHENE_TRUSTED_PROXIES) or --insecure is passed.
+GRAPHENE_TLS_CERT_FILE = env.string("GRAPHENE_TLS_CERT_FILE")
+GRAPHENE_TLS_KEY_FILE = env.string("GRAPHENE_TLS_KEY_FILE")
+# Where `graphene up` keeps its local certificate authority and server certificate.
+GRAPHENE_TLS_DIR = DATA_DIR / "tls"
+# Names (DNS names or IP addresses) the local CA's server certificate is for, besides localhost,
+# 127.0.0.1, ::1, this machine's host name and the host of GRAPHENE_AGENT_SERVER_URL.
+GRAPHENE_TLS_HOSTNAMES = env.csv("GRAPHENE_TLS_HOSTNAMES", [])
+# The CA certificate (PEM) that issued the server's certificate: agents' install data carries
+# it (they refuse a server it did not sign) and /tls/ca.pem serves it to clients that pin it by
+# fingerprint. Default: the local CA, when the server uses it (no GRAPHENE_TLS_CERT_FILE). Leave
+# it unset for a certificate from a CA the machines already trust.
+GRAPHENE_TLS_CA_FILE = env.string("GRAPHENE_TLS_CA_FILE")
+# Addresses (IPs or networks, comma-separated) of TLS-terminating proxies: only requests whose
+# peer is one of them may say, in X-Forwarded-Proto and X-Forwarded-For, that the client used
+# HTTPS and where it came from. Everyone else's X-Forwarded-* headers are dropped on arrival.
+GRAPHENE_TRUSTED_PROXIES = trusted_networks(env.csv("GRAPHENE_TRUSTED_PROXIES", []), setting="GRAPHENE_TRUSTED_PROXIES")
+# Honoured only as far as the proxy middleware lets the header through: from trusted proxies.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 # --- Agents (apps.agents, agent/graphene_agent) ----------------------------------------------
 # The address agents dial, written into install scripts (http(s)://host[:port]; the agent
-# turns it into ws(s)://host/agents/connect). Its host must be in ALLOWED_HOSTS.
-GRAPHENE_AGENT_SERVER_URL = env.string("GRAPHENE_AGENT_SERVER_URL", "http://127.0.0.1:8000") or ""
+# turns it into ws(s)://host/agents/connect). Its host must be in ALLOWED_HOSTS. `graphene up`
+# sets it to the address it serves on unless it is set.
+GRAPHENE_AGENT_SERVER_URL = env.string("GRAPHENE_AGENT_SERVER_URL", "https://127.0.0.1:8000") or ""
 # A bootstrap token is single-use and valid this long after agent_declare issued it.
 GRAPHENE_AGENT_BOOTSTRAP_TTL_SECONDS = env.integer("GRAPHENE_AGENT_BOOTSTRAP_TTL_SECONDS", 3600)
 # Credentials expire after this many days (0: never; revocation still applies).

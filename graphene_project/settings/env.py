@@ -7,6 +7,7 @@ the variable, so the ``graphene`` command can print it without a traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -137,3 +138,16 @@ def check_redis_url(url: str, *, setting: str) -> str:
     if scheme not in {"redis", "rediss", "unix"}:
         raise ImproperlyConfigured(f"{setting} has scheme {scheme or '(none)'!r}; use redis://host:6379/1")
     return url
+
+
+def trusted_networks(items: list[str], *, setting: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``10.0.0.5,10.1.0.0/16,::1`` as networks (an address is a network of one), naming the setting."""
+    networks = []
+    for item in items:
+        try:
+            networks.append(ipaddress.ip_network(item.strip("[]"), strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{setting}: {item!r} is not an IP address or network; use e.g. 10.0.0.5 or 10.0.0.0/8"
+            ) from None
+    return tuple(networks)

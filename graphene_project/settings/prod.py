@@ -19,7 +19,6 @@ env.required(
 from graphene_project.settings.base import *  # noqa: E402, F403
 
 DEBUG = False
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env.boolean("GRAPHENE_SECURE_SSL_REDIRECT", True)
 # Health probes come over plain HTTP from the orchestrator.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]

@@ -298,6 +298,20 @@ def _write_lines(record: Record, lines: list[tuple[str, str, str, str]]) -> None
     )
 
 
+def printed_secrets(record: Record) -> list[str]:
+    """The secrets' values the record's container was given (its ``env``'s references): what
+    it prints is stored with them masked (I7)."""
+    from apps.secrets.services import secret_refs_values
+
+    return secret_refs_values(record.spec.get("env") or {}, namespace=record.namespace)
+
+
+def masked(text: str, secrets: list[str], *, is_tail: bool = False) -> str:
+    from apps.secrets.services import secrets_mask
+
+    return secrets_mask(text, values=secrets, is_tail=is_tail) if secrets else text
+
+
 def sync_logs(record: Record, container: Any) -> int:
     """Append the container's output since the last line already written to the record's log.
 
@@ -328,7 +342,10 @@ def sync_logs(record: Record, container: Any) -> int:
         skipped = len(lines) - MAX_LOG_LINES
         lines = lines[skipped:]
         out.append((f"[graphene] {skipped}+ older lines of {container.name} were not copied", "stderr", "warning", ""))
-    out.extend((text, stream, "info", f"{LOG_SOURCE_PREFIX}{stamp}") for _ns, stamp, stream, text in lines)
+    secrets = printed_secrets(record)
+    out.extend(
+        (masked(text, secrets), stream, "info", f"{LOG_SOURCE_PREFIX}{stamp}") for _ns, stamp, stream, text in lines
+    )
     _write_lines(record, out)
     return len(lines)
 

@@ -20,8 +20,10 @@ from kinds.docker import _workload as workload
 from kinds.docker._common import (
     DockerKind,
     list_or_nothing,
+    masked,
     on_engine,
     parse_ts,
+    printed_secrets,
     record_stats,
     sync_logs_quietly,
     tail,
@@ -132,7 +134,7 @@ class ContainerKind(DockerKind):
             if state.get("Status") in ("exited", "dead"):
                 raise KindError(
                     f"container {container.name} exited with code {state.get('ExitCode')} before it was ready; "
-                    f"last lines:\n{tail(container)}"
+                    f"last lines:\n{masked(tail(container), printed_secrets(record), is_tail=True)}"
                 )
             if not state.get("Running") or state.get("Restarting"):
                 return False

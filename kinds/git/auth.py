@@ -26,8 +26,11 @@ def secret_name(auth: Any) -> str | None:
     return name
 
 
-def credentials(auth: Any, username: str | None = None) -> Credentials | None:
+def credentials(auth: Any, username: str | None = None, *, namespace: str | None = None) -> Credentials | None:
     """The credentials named by ``auth``, read from Graphene's secret store; ``None`` without auth.
+
+    The secret is read in ``namespace`` (a checkout's record's), or in the namespace of the run
+    whose code is executing (a tag or push from a pipeline's step): never another namespace's.
 
     A missing secret is a permanent error naming it (never a value) and saying how to create it.
     """
@@ -38,6 +41,7 @@ def credentials(auth: Any, username: str | None = None) -> Credentials | None:
         from django.conf import settings
 
         settings.INSTALLED_APPS  # noqa: B018 - raises ImproperlyConfigured outside the server
+        from apps.core.access import acting_namespace
         from apps.secrets.services import secret_resolve
     except Exception:
         raise GitError(
@@ -45,7 +49,7 @@ def credentials(auth: Any, username: str | None = None) -> Credentials | None:
             permanent=True,
         ) from None
     try:
-        value = secret_resolve(name=name)
+        value = secret_resolve(name=name, namespace=namespace or acting_namespace())
     except Exception as exc:  # SecretNotFound, an undecryptable value: the message names the secret
         raise GitError(f"cannot read secret {name!r} for git: {getattr(exc, 'detail', exc)}", permanent=True) from None
     try:

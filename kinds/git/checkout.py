@@ -211,7 +211,7 @@ class CheckoutKind(Kind):
         try:
             # Read here, at the point of use (I7); a missing secret or auth for a URL that cannot
             # use it fails before anything is touched.
-            creds = credentials(spec.get("auth"), spec.get("username"))
+            creds = credentials(spec.get("auth"), spec.get("username"), namespace=record.namespace)
             if creds is not None:
                 cli.credential_scope(url)
         except cli.GitError as exc:

@@ -9,20 +9,26 @@ report = run.result()                                    # the pipeline's output
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 import urllib.parse
 from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from graphene_sdk import config
+from graphene_sdk import config, tls
 from graphene_sdk._errors import ClientError
 from graphene_sdk._http import Transport
 from graphene_sdk._models import RunEvent, RunInfo
 from graphene_sdk._pipeline import InputT, OutputT, Pipeline
 from graphene_sdk._resources import Artifacts, Logs, Records, Runs, Stands
+from graphene_sdk._retry import IDEMPOTENCY_HEADER, new_idempotency_key, retrying
 
 R = TypeVar("R")
+
+logger = logging.getLogger("graphene_sdk")
 
 
 class Client:
@@ -33,6 +39,15 @@ class Client:
     ``GRAPHENE_CONTEXT``, with ``GRAPHENE_SERVER`` and ``GRAPHENE_TOKEN`` overriding it; a
     ``server`` or ``token`` passed here wins over both (``graphene_sdk.config``). Nothing
     is configured: ``ConfigError``. ``target`` says what was chosen and from where.
+
+    TLS (``graphene_sdk.tls``): an ``https://`` server's certificate is verified against the
+    CA pinned for it — ``ca_file`` (a PEM file), ``ca_fingerprint`` (the CA is fetched from the
+    server and kept only if its SHA-256 fingerprint is this one), ``GRAPHENE_CA_FILE``, or what
+    ``graphenectl login`` saved for that server — else against the system's trust store; a
+    certificate they do not vouch for fails every request (``ClientError``, code
+    ``untrusted_certificate``) before anything is sent. A plain ``http://`` server needs
+    ``insecure=True`` (or ``GRAPHENE_INSECURE=1``, or a context saved with ``--insecure``) and
+    logs a warning.
 
     The nouns: ``records``, ``logs``, ``runs``, ``stands``, ``artifacts``. A refused or failed
     request raises ``ClientError`` with the server's ``code``, ``detail`` and ``fields``.
@@ -45,10 +60,31 @@ class Client:
         token: str | None = None,
         context: str | None = None,
         timeout: float = 30.0,
+        ca_file: str | os.PathLike[str] | None = None,
+        ca_fingerprint: str | None = None,
+        insecure: bool = False,
     ) -> None:
-        self.target = config.find_target(server=server, token=token, context=context)
+        if ca_file is not None and ca_fingerprint is not None:
+            raise ValueError("pass ca_file or ca_fingerprint, not both")
+        given: tls.Trust | None = None
+        if ca_file is not None:
+            given = tls.Trust(ca_pem=config.ca_file_read(ca_file), source=f"ca_file={os.fspath(ca_file)}")
+        elif insecure:
+            given = tls.Trust(source="insecure=True", insecure=True)
+        self.target = config.find_target(server=server, token=token, context=context, trust=given)
+        if ca_fingerprint is not None:
+            pem = tls.ca_fetch(self.target.server, ca_fingerprint, timeout=timeout)
+            self.target = dataclasses.replace(
+                self.target, trust=tls.Trust(ca_pem=pem, source=f"ca_fingerprint={tls.fingerprint(pem)}")
+            )
+        if self.target.trust.insecure:
+            logger.warning(
+                "graphene_sdk: plain HTTP to %s (%s): the token and all data cross the network unencrypted",
+                self.target.server,
+                self.target.trust.source,
+            )
         self.timeout = timeout
-        self._transport = Transport(self.target.server, self.target.token, timeout=timeout)
+        self._transport = Transport(self.target.server, self.target.token, timeout=timeout, trust=self.target.trust)
         self.records = Records(self._transport)
         self.logs = Logs(self._transport)
         self.runs = Runs(self._transport)
@@ -90,19 +126,37 @@ class Client:
 
     # --- runs: start with typed inputs, and the shortcuts of ``runs`` -------------------------
 
-    def start(self, pipeline: Pipeline[InputT, OutputT], inputs: InputT) -> RunHandle[OutputT]:
+    def start(
+        self, pipeline: Pipeline[InputT, OutputT], inputs: InputT, *, idempotency_key: str | None = None
+    ) -> RunHandle[OutputT]:
         """Start a run of ``pipeline`` with typed ``inputs``; the server validates them again
-        (``ClientError`` 400 with per-field messages)."""
+        (``ClientError`` 400 with per-field messages).
+
+        Safe to retry: the start carries an idempotency key (``idempotency_key``, e.g. a CI
+        build id so that a re-run job never starts twice; a fresh one per call otherwise), and
+        connection errors, timeouts and 5xx answers are retried with backoff under that key:
+        a start the server made but whose answer was lost is answered again, never repeated.
+        """
         if not isinstance(inputs, pipeline.inputs):
             raise TypeError(f"{pipeline.name} takes {pipeline.inputs.__name__}, not {type(inputs).__name__}")
-        body = {"inputs": inputs.model_dump(mode="json")}
-        data = self._transport.post(f"pipelines/{urllib.parse.quote(pipeline.name)}/runs/", body)
+        data = self._start(pipeline.name, inputs.model_dump(mode="json"), idempotency_key)
         return RunHandle(self, str(data["id"]), pipeline.output)
 
-    def start_by_name(self, name: str, inputs: dict[str, Any]) -> RunHandle[Any]:
-        """Start a run of the pipeline called ``name`` with inputs as JSON values."""
-        data = self._transport.post(f"pipelines/{urllib.parse.quote(name)}/runs/", {"inputs": inputs})
+    def start_by_name(self, name: str, inputs: dict[str, Any], *, idempotency_key: str | None = None) -> RunHandle[Any]:
+        """Start a run of the pipeline called ``name`` with inputs as JSON values (retried as
+        ``start`` is)."""
+        data = self._start(name, inputs, idempotency_key)
         return RunHandle(self, str(data["id"]), None)
+
+    def _start(self, name: str, inputs: Any, idempotency_key: str | None) -> Any:
+        key = idempotency_key or new_idempotency_key()
+        path = f"pipelines/{urllib.parse.quote(name)}/runs/"
+        return retrying(
+            lambda: self._transport.request(
+                "POST", path, body={"inputs": inputs}, extra_headers={IDEMPOTENCY_HEADER: key}
+            ),
+            retryable=_retryable,
+        )
 
     def get(self, run_id: str) -> RunInfo:
         """``runs.get``: the run with its journal."""
@@ -162,3 +216,9 @@ class RunHandle(Generic[R]):
             outputs: R = info.outputs
             return outputs
         return self._output.model_validate(info.outputs)  # type: ignore[return-value]
+
+
+def _retryable(exc: Exception) -> bool:
+    """Worth another try with the same key: the server was not reached, did not answer in
+    time, or failed (5xx); a 4xx says the request itself is wrong."""
+    return isinstance(exc, ClientError) and (exc.status == 0 or exc.status >= 500)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Generic, TypeVar
 
 from graphene_sdk._errors import ClientError
+from graphene_sdk.tls import Trust, certificate_error
 from graphene_sdk.validation import json_problems
 
 API = "/api/v1"
@@ -71,18 +72,25 @@ def query(params: Params | None) -> str:
 
 class Transport:
     """One server, one token. Paths are relative to ``/api/v1``; absolute URLs (a page's
-    ``next``) are taken as they are."""
+    ``next``) are taken as they are. Over HTTPS every connection verifies the server's
+    certificate against ``trust`` (its pinned CA, else the system's trust store)."""
 
-    def __init__(self, server: str, token: str, *, timeout: float) -> None:
+    def __init__(self, server: str, token: str, *, timeout: float, trust: Trust | None = None) -> None:
         self.server = server.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.trust = trust or Trust()
         parts = urllib.parse.urlsplit(self.server)
         self.host = parts.hostname or ""
         self.is_https = parts.scheme == "https"
         self.port = parts.port or (443 if self.is_https else 80)
+        self.ssl_context = self.trust.context() if self.is_https else None
         # A proxy from the environment must not intercept a server on this machine.
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.host) else []
+        handlers: list[urllib.request.BaseHandler] = (
+            [urllib.request.ProxyHandler({})] if _is_loopback(self.host) else []
+        )
+        if self.ssl_context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self.ssl_context))
         self._opener = urllib.request.build_opener(*handlers)
 
     def url(self, path: str, params: Params | None = None) -> str:
@@ -94,10 +102,18 @@ class Transport:
     def headers(self, accept: str = "application/json") -> dict[str, str]:
         return {"Accept": accept, "Authorization": f"Token {self.token}", "User-Agent": USER_AGENT}
 
-    def request(self, method: str, path: str, *, params: Params | None = None, body: Any = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Any = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> Any:
         """The decoded JSON answer (None for an empty one)."""
         url = self.url(path, params)
-        headers = self.headers()
+        headers = {**self.headers(), **(extra_headers or {})}
         data = None
         if body is not None:
             refuse_unsendable(body, method, path)
@@ -175,6 +191,11 @@ class Transport:
         return ClientError(message, status=status, code=code, detail=detail, fields=fields)
 
     def unreachable(self, method: str, path: str, exc: BaseException) -> ClientError:
+        refused = certificate_error(exc)
+        if refused is not None:
+            return ClientError(
+                f"{method} {path}: {self.trust.untrusted(self.server, refused)}", status=0, code="untrusted_certificate"
+            )
         reason: Any = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError):
             why = "no answer in time"
@@ -194,7 +215,7 @@ class Transport:
         """A connection of its own (for a stream that is closed from another thread).
         Proxies are not used for it."""
         if self.is_https:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self.ssl_context)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
 

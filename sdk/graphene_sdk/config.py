@@ -9,6 +9,13 @@ else ``GRAPHENE_CONTEXT``, else the current one; then ``GRAPHENE_SERVER`` and
 ``GRAPHENE_TOKEN`` override its server and token one by one, which is how CI jobs connect
 without a config file. ``Target`` says where each value came from.
 
+TLS (``graphene_sdk.tls``): a context may pin its server's CA (``ca``, the PEM text ``login
+--ca-file``/``--ca-fingerprint`` saved) or allow plain HTTP (``insecure``, saved by ``login
+--insecure``). The pin belongs to the server: it applies whenever requests go to that server,
+whichever context or variable named it. ``GRAPHENE_CA_FILE`` (a PEM file) and
+``GRAPHENE_INSECURE=1`` do the same from the environment. An ``http://`` server without that
+permission is refused before anything is sent.
+
 The file holds tokens, so it is written with mode 0600 (atomically: a temporary file in the
 same directory, then a rename) inside a 0700 directory.
 """
@@ -26,15 +33,19 @@ from urllib.parse import urlsplit
 import yaml
 
 from graphene_sdk._errors import ConfigError
+from graphene_sdk.tls import Trust, pem_certificates
 
 __all__ = [
+    "ENV_CA_FILE",
     "ENV_CONTEXT",
+    "ENV_INSECURE",
     "ENV_SERVER",
     "ENV_TOKEN",
     "LOGIN_HINT",
     "Config",
     "ContextEntry",
     "Target",
+    "ca_file_read",
     "config_path",
     "default_context_name",
     "find_target",
@@ -42,11 +53,14 @@ __all__ = [
     "normalize_server",
     "resolve",
     "save",
+    "trust_for",
 ]
 
 ENV_SERVER = "GRAPHENE_SERVER"
 ENV_TOKEN = "GRAPHENE_TOKEN"  # noqa: S105 - the variable's name, not a token
 ENV_CONTEXT = "GRAPHENE_CONTEXT"
+ENV_CA_FILE = "GRAPHENE_CA_FILE"
+ENV_INSECURE = "GRAPHENE_INSECURE"
 
 LOGIN_HINT = "graphenectl login --server URL --token-stdin"
 
@@ -59,12 +73,16 @@ def config_path() -> Path:
 
 @dataclass
 class ContextEntry:
-    """One saved context: a server, a token for it, and the user the token belongs to."""
+    """One saved context: a server, a token for it, the user the token belongs to, and what
+    connections to the server trust: ``ca`` (a pinned CA's PEM; empty: the system's trust
+    store) or, for an ``http://`` server, ``insecure``."""
 
     name: str
     server: str
     token: str = field(repr=False)
     user: str = ""
+    ca: str = field(default="", repr=False)
+    insecure: bool = False
 
 
 @dataclass
@@ -86,6 +104,7 @@ class Target:
     context: str | None
     server_from: str
     token_from: str
+    trust: Trust = field(default_factory=Trust)
 
 
 def normalize_server(url: str) -> str:
@@ -93,7 +112,7 @@ def normalize_server(url: str) -> str:
     url = url.strip().rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.netloc:
-        raise ConfigError(f"server {url!r} is not a URL; pass one like http://127.0.0.1:8000", is_usage=True)
+        raise ConfigError(f"server {url!r} is not a URL; pass one like https://127.0.0.1:8000", is_usage=True)
     for suffix in ("/api/v1", "/api"):
         if url.endswith(suffix):
             url = url[: -len(suffix)]
@@ -120,21 +139,40 @@ def load(path: Path | None = None) -> Config:
                 server=str(item.get("server", "")),
                 token=str(item.get("token", "")),
                 user=str(item.get("user", "")),
+                ca=str(item.get("ca") or ""),
+                insecure=item.get("insecure") is True,
             )
             config.contexts[entry.name] = entry
     return config
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes a pinned CA's PEM as a literal block, as it looks in its own file."""
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
+
+
+def _saved(entry: ContextEntry) -> dict[str, Any]:
+    item: dict[str, Any] = {"name": entry.name, "server": entry.server, "user": entry.user, "token": entry.token}
+    if entry.ca:
+        item["ca"] = entry.ca
+    if entry.insecure:
+        item["insecure"] = True
+    return item
 
 
 def save(config: Config) -> None:
     """Write ``config`` to its path: mode 0600, atomically, in a 0700 directory."""
     data: dict[str, Any] = {
         "current-context": config.current,
-        "contexts": [
-            {"name": c.name, "server": c.server, "user": c.user, "token": c.token} for c in config.contexts.values()
-        ],
+        "contexts": [_saved(c) for c in config.contexts.values()],
     }
-    text = "# graphenectl contexts. It holds API tokens: keep it private (mode 0600).\n" + yaml.safe_dump(
-        data, sort_keys=False
+    text = "# graphenectl contexts. It holds API tokens: keep it private (mode 0600).\n" + yaml.dump(
+        data, Dumper=_Dumper, sort_keys=False
     )
     directory = config.path.parent
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -175,10 +213,13 @@ def find_target(
     token: str | None = None,
     context: str | None = None,
     config: Config | None = None,
+    trust: Trust | None = None,
 ) -> Target:
     """``resolve``, with values passed explicitly (a ``Client``'s arguments) winning over both
     the environment and the contexts. A server given without a token takes ``GRAPHENE_TOKEN``,
-    else the token of a context for that server (the selected one first)."""
+    else the token of a context for that server (the selected one first). ``trust`` (a pinned
+    CA, or permission for plain HTTP) wins over ``GRAPHENE_CA_FILE``/``GRAPHENE_INSECURE``,
+    which win over what a context for the same server saved."""
     config = config if config is not None else load()
     entry = _entry(config, context)
     env_server = os.environ.get(ENV_SERVER, "").strip()
@@ -216,7 +257,54 @@ def find_target(
         context=entry.name if entry else None,
         server_from=server_from,
         token_from=token_from,
+        trust=trust_for(url, config=config, selected=entry, given=trust),
     )
+
+
+def trust_for(url: str, *, config: Config, selected: ContextEntry | None = None, given: Trust | None = None) -> Trust:
+    """What connections to ``url`` trust: ``given``, else ``GRAPHENE_CA_FILE``/``GRAPHENE_INSECURE``,
+    else what a context for this server saved (``selected`` first); for an ``https://`` server
+    with no pinned CA, the system's trust store. ``ConfigError`` for an ``http://`` server
+    without permission: nothing may be sent to it."""
+    https = urlsplit(url).scheme == "https"
+    candidates = [given, *_env_trusts()]
+    for entry in [selected, *config.contexts.values()]:
+        if entry is not None and _same_server(entry.server, url):
+            candidates.append(Trust(ca_pem=entry.ca, source=f"context {entry.name!r}", insecure=entry.insecure))
+    for trust in candidates:
+        if trust is not None and (trust.ca_pem if https else trust.insecure):
+            return trust
+    if https:
+        return Trust(source="the system's trust store")
+    raise ConfigError(
+        f"{url} is plain HTTP: the token and everything else would cross the network unencrypted. Use its "
+        f"https:// address, or accept plain HTTP explicitly: `graphenectl login --server {url} --insecure "
+        f"--token-stdin`, graphene_sdk.Client(..., insecure=True), or {ENV_INSECURE}=1",
+        is_usage=True,
+    )
+
+
+def _env_trusts() -> list[Trust]:
+    trusts = []
+    path = os.environ.get(ENV_CA_FILE, "").strip()
+    if path:
+        trusts.append(Trust(ca_pem=ca_file_read(path, what=f"{ENV_CA_FILE}={path}"), source=ENV_CA_FILE))
+    if os.environ.get(ENV_INSECURE, "").strip().lower() in {"1", "true", "yes", "on"}:
+        trusts.append(Trust(source=ENV_INSECURE, insecure=True))
+    return trusts
+
+
+def ca_file_read(path: str | os.PathLike[str], *, what: str | None = None) -> str:
+    """The PEM certificate(s) in a CA file, checked; ``ConfigError`` naming the file if it cannot be used."""
+    what = what or str(path)
+    try:
+        text = Path(path).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the CA file {what}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return "".join(pem_certificates(text))
+    except ValueError as exc:
+        raise ConfigError(f"the CA file {what} is not a certificate: {exc}") from None
 
 
 def _same_server(saved: str, url: str) -> bool:

@@ -15,6 +15,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.admin import AdminSite
+from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
@@ -42,6 +43,7 @@ OPEN_ROUTES = {
     "readyz": "readiness for load balancers: says nothing about data",
     "metrics": "Prometheus exposition; its own bearer token (GRAPHENE_METRICS_TOKEN)",
     "agents-download": "the agent's code for machines being installed: public by design",
+    "tls-ca": "the CA's certificate, for clients to pin: public by design",
     "schema": "the API's description: every signed-in caller (drf-spectacular's own check)",
     "api-docs": "Swagger UI over the schema: every signed-in caller",
 }
@@ -261,7 +263,10 @@ def test_the_table_covers_every_rest_route(places: dict[str, Place]) -> None:
     assert served <= tried, f"routes no test tries: {sorted(served - tried)}"
 
 
-def test_an_anonymous_caller_gets_401_on_every_route(places: dict[str, Place]) -> None:
+def test_an_anonymous_caller_gets_401_on_every_route(places: dict[str, Place], settings: Any) -> None:
+    # Every route is tried in one minute from one address: the limit on failed authentications
+    # (its own tests: tests/core/test_auth_throttle.py) would answer 429 from the eleventh on.
+    settings.GRAPHENE_AUTH_FAILURES_PER_MINUTE = 0
     anonymous = APIClient()
     for method, path, body in _routes(places["default"]):
         response = _send(anonymous, method, path, body)
@@ -411,3 +416,23 @@ def test_record_hints_reach_only_watchers_of_their_namespace(
 
     theirs, heard = async_to_sync(watch)()
     assert theirs not in heard
+
+
+def test_the_studio_shows_a_developer_only_their_namespace(places: dict[str, Place], django_user_model: Any) -> None:
+    dev = django_user_model.objects.create_user(username="dev", password="pw")
+    factories.bind(dev, "developer")
+    studio = Client()
+    studio.force_login(dev)
+    page = studio.get("/runs/").content.decode()
+    assert str(places["default"].run.pk) in page
+    assert str(places[OTHER].run.pk) not in page
+    assert studio.get(f"/runs/{places[OTHER].run.pk}/").status_code == 404
+    assert studio.get(f"/records/record/{places[OTHER].held.pk}/change/").status_code == 404
+    assert studio.post(f"/runs/{places[OTHER].run.pk}/cancel/").status_code == 404
+    assert studio.get(f"/pipelines/{places[OTHER].pipeline}/").status_code == 404
+    admin = django_user_model.objects.create_user(username="root-ops", password="pw", is_staff=True)
+    factories.bind(admin, "admin", "*")
+    studio.force_login(admin)
+    only = studio.get(f"/runs/?namespace={OTHER}").content.decode()
+    assert str(places[OTHER].run.pk) in only
+    assert str(places["default"].run.pk) not in only

@@ -66,6 +66,7 @@ def agents(web: WebServer, stand: Record, tmp_path: Path) -> Iterator[Callable[.
             agent_id=install.record.pk,
             bootstrap_token=install.bootstrap_token,
             command=command,
+            server_ca=services.agent_server_ca(server_url=web.url),
         )
         started.append(process)
         if run:

@@ -25,7 +25,7 @@ def test_logs_follow_prints_command_output_while_it_runs(
     record, _ = agents("follow")
     wait_phase(record, Phase.READY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
-    env.update(GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=operator, XDG_CONFIG_HOME=str(tmp_path), NO_COLOR="1")
+    env.update(web.client_env(), GRAPHENE_TOKEN=operator, XDG_CONFIG_HOME=str(tmp_path), NO_COLOR="1")
     follower = subprocess.Popen(
         [*WITH_DEFAULT_SIGINT, *graphenectl_argv(), "logs", str(record.pk), "-f", "-o", "json", "--interval", "0.2"],
         stdout=subprocess.PIPE,

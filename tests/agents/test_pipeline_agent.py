@@ -32,7 +32,7 @@ SECRET_VALUE = "s3cr3t-value-for-exec-only"
 
 def graphenectl(web: WebServer, token: str, home: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
-    env.update(GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(home), NO_COLOR="1")
+    env.update(web.client_env(), GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(home), NO_COLOR="1")
     done = subprocess.run([*graphenectl_argv(), *args], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -103,7 +103,8 @@ def test_a_pipeline_runs_commands_on_an_agent(
         # The secret's value reached the program, and is nowhere at rest but sealed in its command.
         third = AgentCommand.objects.filter(agent=box).order_by("created_at").last()
         assert third is not None
-        assert set(third.payload) == {agents.SEALED, "argv"}
+        assert set(third.payload) == {agents.SEALED, "argv", "secret_env"}
+        assert third.payload["secret_env"] == ["TOKEN"]  # names, whose values its output masks
         stored = [
             *AgentCommand.objects.filter(agent=box).values_list("payload", "stdout_tail", "result"),
             *JournalEntry.objects.filter(run=run).values_list("call", "result", "error"),

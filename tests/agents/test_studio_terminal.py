@@ -24,6 +24,7 @@ from tests import factories
 from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
 from tests.harness.agents import AgentProcess
+from tests.harness.browser import csp_violations
 from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -140,6 +141,12 @@ def test_a_shell_in_the_browser_from_the_agents_page_to_its_exit(
     page.wait_state("opened")
     assert not chromium.find_element(By.ID, "terminal-reconnect").is_displayed()
     assert len(terminal_events(record, "TerminalOpened")) == 2
+    # All of it under the page's Content-Security-Policy: scripts from the server's files only,
+    # inline styles allowed (xterm.js's renderer writes its own), nothing refused.
+    policy = chromium.execute_script("return fetch(location.href).then(r => r.headers.get('Content-Security-Policy'))")
+    assert "script-src 'self';" in policy
+    assert "style-src 'self' 'unsafe-inline';" in policy
+    assert csp_violations(chromium) == []
 
 
 def test_resizing_the_window_resizes_the_terminal_on_the_machine(

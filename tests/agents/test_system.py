@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,10 +25,12 @@ from apps.agents import services
 from apps.agents.choices import CommandStatus
 from apps.agents.models import Agent, AgentCommand, AgentToken
 from apps.core.errors import ValidationFailed
+from apps.core.tls import fingerprint, tls_local_ensure
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from tests.agents.conftest import is_private, wait_command, wait_phase
 from tests.conftest import wait_for
+from tests.harness import tls
 from tests.harness.agents import AgentProcess, listening_sockets
 from tests.harness.net import http
 from tests.harness.web import WebServer
@@ -68,12 +72,42 @@ def test_bootstrap_exchange_then_credential_and_no_listening_port(agents: Agents
     assert AgentToken.objects.get(agent=record, kind="bootstrap").used_at is not None
 
 
+def test_an_agent_trusts_only_the_ca_it_was_installed_with(agents: Agents, web: WebServer, tmp_path: Path) -> None:
+    # The install data carries the server's CA; an agent with it connects over wss.
+    record, agent = agents("pinned")
+    server_ca = services.agent_server_ca(server_url=web.url)
+    assert f"GRAPHENE_AGENT_SERVER_CA={server_ca}" in agent.config.read_text()
+    assert base64.b64decode(server_ca) == ssl.PEM_cert_to_DER_cert(web.ca_file.read_text())
+    wait_phase(record, Phase.READY)
+    assert f"trusting the CA it was installed with (SHA-256 {fingerprint(web.ca_file.read_text())})" in agent.output()
+
+    # Installed with another CA (the server's was replaced, or something else answers there):
+    # it refuses the server before sending a thing, says so, and keeps its token.
+    other = tls_local_ensure(directory=tmp_path / "other-ca", hostnames=["127.0.0.1"])
+    _, spare = agents("doubtful", run=False)
+    impostor_ca = base64.b64encode(ssl.PEM_cert_to_DER_cert(other.ca_path.read_text())).decode()
+    spare.config.write_text(spare.config.read_text().replace(server_ca, impostor_ca))
+    spare.start()
+    wait_for(lambda: "refusing the server at" in spare.output(), what="the agent to refuse the server")
+    line = next(line for line in spare.output().splitlines() if "refusing the server at" in line)
+    assert " ERROR " in line
+    assert f"does not chain to the CA it was installed with (SHA-256 {other.ca_fingerprint})" in line
+    assert "nothing was sent to it" in line
+    doubtful = Record.objects.get(name="doubtful")
+    assert not AgentToken.objects.filter(agent=doubtful, kind="credential").exists()
+    assert AgentToken.objects.get(agent=doubtful, kind="bootstrap").used_at is None
+    assert not (spare.state_dir / "credential").exists()
+
+
 def test_a_used_bootstrap_token_is_refused(agents: Agents, tmp_path: Path) -> None:
     record, first = agents("bravo")
     wait_phase(record, Phase.READY)
     token = first.config.read_text().split("GRAPHENE_AGENT_BOOTSTRAP_TOKEN=")[1].split()[0]
     web_url = first.config.read_text().split("GRAPHENE_AGENT_SERVER=")[1].split()[0]
-    second = AgentProcess(tmp_path / "bravo-again", server_url=web_url, agent_id=record.pk, bootstrap_token=token)
+    server_ca = first.config.read_text().split("GRAPHENE_AGENT_SERVER_CA=")[1].split()[0]
+    second = AgentProcess(
+        tmp_path / "bravo-again", server_url=web_url, agent_id=record.pk, bootstrap_token=token, server_ca=server_ca
+    )
     assert second.start().wait_exit() == 78
     assert "single-use" in second.output()
     wait_for(lambda: "BootstrapTokenReused" in refusals(record), what="the refusal event")
@@ -82,8 +116,8 @@ def test_a_used_bootstrap_token_is_refused(agents: Agents, tmp_path: Path) -> No
 
 def _try(url: str, first: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
     """Speak the protocol's first message by hand: the gateway's answer, and its close code."""
-    ws_url = url.replace("http://", "ws://") + "/agents/connect"
-    with connect(ws_url, origin=Origin(url), proxy=None) as ws:
+    ws_url = url.replace("https://", "wss://") + "/agents/connect"
+    with connect(ws_url, origin=Origin(url), proxy=None, ssl=tls.context()) as ws:
         ws.send(json.dumps(first))
         try:
             answer: dict[str, Any] = json.loads(ws.recv(timeout=10))
@@ -451,6 +485,21 @@ def test_the_agent_refuses_a_config_file_others_can_read(tmp_path: Path) -> None
                             capture_output=True, text=True, timeout=30)  # fmt: skip
     assert result.returncode == 2
     assert "chmod 600" in result.stderr
+
+
+def test_the_agent_refuses_a_server_ca_that_is_not_a_certificate(tmp_path: Path) -> None:
+    config = tmp_path / "agent.env"
+    config.write_text(
+        "GRAPHENE_AGENT_SERVER=https://127.0.0.1:9\nGRAPHENE_AGENT_ID="
+        + "0" * 32
+        + "\nGRAPHENE_AGENT_SERVER_CA=bm90IGEgY2VydA==\n"
+    )
+    config.chmod(0o600)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "agent")}
+    result = subprocess.run([sys.executable, "-m", "graphene_agent", "--config", str(config)], env=env,
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert result.returncode == 2
+    assert "GRAPHENE_AGENT_SERVER_CA does not hold a certificate" in result.stderr
 
 
 @pytest.mark.own_web  # it kills the server

@@ -31,6 +31,7 @@ from apps.records.models import Event, Record
 from tests import factories
 from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
+from tests.harness import tls
 from tests.harness.agents import AgentProcess
 from tests.harness.embedded import graphenectl_argv
 from tests.harness.web import WebServer
@@ -68,9 +69,10 @@ class Terminal:
         query = urllib.parse.urlencode(params)
         headers = {"Authorization": f"Token {token}"} if token else {}
         self.ws: ClientConnection = connect(
-            f"{web.url.replace('http://', 'ws://')}/ws/agents/{agent_id}/pty/?{query}",
+            f"{web.ws_url}/ws/agents/{agent_id}/pty/?{query}",
             origin=Origin(web.url),
             proxy=None,
+            ssl=tls.context(),
             additional_headers=headers,
             open_timeout=30,
         )
@@ -270,7 +272,7 @@ def test_the_terminal_ends_when_its_agent_goes_away(agents: Agents, web: WebServ
 
 def _ctl(web: WebServer, token: str, tmp_path: Path, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
-    env.update(GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(tmp_path), NO_COLOR="1")
+    env.update(web.client_env(), GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(tmp_path), NO_COLOR="1")
     env.update(COLUMNS="100", LINES="40")  # the size of "your terminal" when stdout is not one
     return subprocess.run(
         [*graphenectl_argv(), *args], input=stdin, capture_output=True, text=True, env=env, timeout=60, check=False
@@ -337,7 +339,7 @@ class LocalTerminal:
 
 def _ctl_in(local: LocalTerminal, web: WebServer, token: str, tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_") and k not in ("COLUMNS", "LINES")}
-    env.update(GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(tmp_path), TERM="xterm")
+    env.update(web.client_env(), GRAPHENE_TOKEN=token, XDG_CONFIG_HOME=str(tmp_path), TERM="xterm")
     return subprocess.Popen(
         [*graphenectl_argv(), "agent", "shell", *args],
         stdin=local.slave,

@@ -22,6 +22,7 @@ from rest_framework.authtoken.models import Token
 
 from tests import factories
 from tests.conftest import Worker, wait_for
+from tests.harness import tls
 from tests.harness.net import fetch
 from tests.harness.web import WebServer
 
@@ -77,7 +78,9 @@ def test_a_generated_client_starts_a_run_and_reads_it_back(
     get = importlib.import_module(f"{PACKAGE}.api.v1.v1_runs_retrieve")
     models = importlib.import_module(f"{PACKAGE}.models")
 
-    with client_module.AuthenticatedClient(base_url=web.url, token=token, prefix="Token") as client:
+    with client_module.AuthenticatedClient(
+        base_url=web.url, token=token, prefix="Token", verify_ssl=tls.context()
+    ) as client:
         body = models.RunStartInputRequest(inputs=models.RunStartInputRequestInputs.from_dict({"steps": 3}))
         started = start.sync(name="sample.noop", client=client, body=body)
         assert isinstance(started, models.RunOutput), started

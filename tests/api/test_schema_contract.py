@@ -63,7 +63,7 @@ def _empty_multipart(case: Any) -> bool:
     return bool(case.media_type == "multipart/form-data" and not case.body)
 
 
-def _config() -> SchemathesisConfig:
+def _config(ca_file: str) -> SchemathesisConfig:
     operations: list[dict[str, Any]] = [
         {"include-method": method, "include-path": path, "checks": {"positive_data_acceptance": {"enabled": False}}}
         for method, path in DATA_DEPENDENT
@@ -76,6 +76,7 @@ def _config() -> SchemathesisConfig:
             "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "database": "none", "allow-x00": False},
             "checks": {"enabled": True},
             "request-timeout": 30,
+            "tls-verify": ca_file,  # the test web server's CA (tests.harness.tls)
             "operations": operations,
         }
     )
@@ -99,7 +100,9 @@ def test_every_operation_keeps_the_schemas_word(web: WebServer, workers: list[Wo
     status, raw = fetch(f"{web.url}/api/schema/?format=json", token=token)
     assert status == 200, raw[:500]
     headers = {"Authorization": f"Token {token}"}
-    schema = schemathesis.openapi.from_url(f"{web.url}/api/schema/?format=json", headers=headers, config=_config())
+    schema = schemathesis.openapi.from_url(
+        f"{web.url}/api/schema/?format=json", headers=headers, config=_config(str(web.ca_file))
+    )
     failures: list[str] = []
     tested: list[str] = []
     unnegatable: list[str] = []

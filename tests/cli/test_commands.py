@@ -47,7 +47,7 @@ def admin_token(django_user_model: Any) -> str:
 @pytest.fixture
 def ctl(web: WebServer, admin_token: str, tmp_path: Path) -> Ctl:
     """graphenectl for the shared web server (GRAPHENE_SERVER and GRAPHENE_TOKEN, no context)."""
-    return Ctl(tmp_path / "config", GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=admin_token)
+    return Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=admin_token)
 
 
 def start(ctl: Ctl, **inputs: Any) -> str:

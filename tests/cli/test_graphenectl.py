@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from apps.core.tls import fingerprint, tls_local_ensure
 from tests.conftest import interrupt, read_lines_until
 from tests.harness.embedded import Ctl, Server
 from tests.harness.net import free_port
@@ -57,7 +58,18 @@ def test_login_saves_a_private_context_and_whoami_uses_it(server: Server, tmp_pa
     assert result.code == 1
     assert "graphenectl login --server URL --token-stdin" in result.err
 
-    ctl.ok("login", "--server", server.url + "/api/v1/", "--token-stdin", "--name", "local", stdin=server.token)
+    ca = str(server.ca_file)
+    ctl.ok(
+        "login",
+        "--server",
+        server.url + "/api/v1/",
+        "--ca-file",
+        ca,
+        "--token-stdin",
+        "--name",
+        "local",
+        stdin=server.token,
+    )
     config = tmp_path / "config" / "graphene" / "config.yaml"
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     saved = yaml.safe_load(config.read_text())
@@ -76,8 +88,8 @@ def test_login_saves_a_private_context_and_whoami_uses_it(server: Server, tmp_pa
     assert server.token not in ctl.ok("ctx", "show", "-o", "yaml").out
 
     # A second context; `ctx use` switches, and GRAPHENE_SERVER/GRAPHENE_TOKEN override a context.
-    dead = f"http://127.0.0.1:{free_port()}"
-    ctl.ok("login", "--server", server.url, "--token-stdin", "--name", "second", stdin=server.token)
+    dead = f"https://127.0.0.1:{free_port()}"
+    ctl.ok("login", "--server", server.url, "--ca-file", ca, "--token-stdin", "--name", "second", stdin=server.token)
     assert ctl.ok("ctx", "show", "-o", "json").json()["name"] == "second"
     ctl.ok("ctx", "use", "local")
     assert [c["name"] for c in ctl.ok("ctx", "list", "-o", "json").json() if c["current"]] == ["local"]
@@ -86,7 +98,7 @@ def test_login_saves_a_private_context_and_whoami_uses_it(server: Server, tmp_pa
     assert dead in down.err
     assert ctl("ctx", "use", "nope").code == 2
 
-    bare = Ctl(tmp_path / "empty")
+    bare = Ctl(tmp_path / "empty", GRAPHENE_CA_FILE=ca)
     assert (
         bare.ok("whoami", "-o", "json", env={"GRAPHENE_SERVER": server.url, "GRAPHENE_TOKEN": server.token}).json()[
             "username"
@@ -96,8 +108,10 @@ def test_login_saves_a_private_context_and_whoami_uses_it(server: Server, tmp_pa
 
 
 def test_login_with_a_refused_token_saves_nothing(server: Server, tmp_path: Path) -> None:
-    ctl = Ctl(tmp_path / "config")
-    result = ctl("login", "--server", server.url, "--token-stdin", stdin="not-a-token\n")
+    ctl = Ctl(tmp_path / "config", GRAPHENE_CA_FILE=str(server.ca_file))
+    result = ctl(
+        "login", "--server", server.url, "--ca-file", str(server.ca_file), "--token-stdin", stdin="not-a-token\n"
+    )
     assert result.code == 1
     assert "refused this token; nothing was saved" in result.err
     assert not (tmp_path / "config" / "graphene" / "config.yaml").exists()
@@ -109,7 +123,7 @@ def test_login_with_a_refused_token_saves_nothing(server: Server, tmp_path: Path
 
 
 def test_an_unreachable_server_is_one_line_naming_the_url_and_login(ctl: Ctl) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"https://127.0.0.1:{free_port()}"
     result = ctl("get", "records", env={"GRAPHENE_SERVER": dead})
     assert result.code == 1
     assert result.out == ""
@@ -118,6 +132,68 @@ def test_an_unreachable_server_is_one_line_naming_the_url_and_login(ctl: Ctl) ->
     assert dead in lines[0]
     assert "connection refused" in lines[0]
     assert "graphenectl login" in lines[0]
+
+
+# --- TLS -------------------------------------------------------------------------------------
+
+
+def test_login_pins_the_ca_by_the_fingerprint_graphene_up_printed(server: Server, tmp_path: Path) -> None:
+    printed = re.search(r"CA fingerprint \(SHA-256\) ([0-9A-F:]{95})", server.output())
+    assert printed, server.output()
+    assert printed.group(1) == fingerprint(server.ca_file.read_text())
+    ctl = Ctl(tmp_path / "config")
+    # As a person would paste it: lower case, without the colons, after a prefix.
+    typed = "sha256:" + printed.group(1).replace(":", "").lower()
+    login = ctl.ok("login", "--server", server.url, "--ca-fingerprint", typed, "--token-stdin", stdin=server.token)
+    assert f"pinned the server's CA {printed.group(1)}" in login.err
+    saved = yaml.safe_load((tmp_path / "config" / "graphene" / "config.yaml").read_text())
+    assert saved["contexts"][0]["ca"] == server.ca_file.read_text()
+    assert ctl.ok("whoami", "-o", "json").json()["username"] == "admin"
+    assert printed.group(1) in ctl.ok("ctx", "show", "-o", "json").json()["tls"]
+
+
+def test_login_refuses_a_server_its_pin_does_not_vouch_for_and_saves_nothing(server: Server, tmp_path: Path) -> None:
+    config = tmp_path / "config" / "graphene" / "config.yaml"
+    ctl = Ctl(tmp_path / "config")
+    other = tls_local_ensure(directory=tmp_path / "other-ca", hostnames=["127.0.0.1"])  # another installation's
+
+    unpinned = ctl("login", "--server", server.url, "--token-stdin", stdin=server.token)
+    assert unpinned.code == 1
+    assert "not trusted by this system" in unpinned.err
+    assert "--ca-file" in unpinned.err
+    assert "--ca-fingerprint" in unpinned.err
+    mismatched = ctl(
+        "login", "--server", server.url, "--ca-file", str(other.ca_path), "--token-stdin", stdin=server.token
+    )
+    assert mismatched.code == 1
+    assert f"pinned CA ({other.ca_fingerprint}" in mismatched.err
+    wrong = ctl("login", "--server", server.url, "--ca-fingerprint", other.ca_fingerprint, "--token-stdin", stdin="x")
+    assert wrong.code == 1
+    assert f"not {other.ca_fingerprint}" in wrong.err
+    assert not config.exists()
+
+    # Plain HTTP only when asked for; --insecure says what it costs and is no way around a certificate.
+    plain = f"http://127.0.0.1:{free_port()}"
+    refused = ctl("login", "--server", plain, "--token-stdin", stdin=server.token)
+    assert refused.code == 2
+    assert "--insecure" in refused.err
+    accepted = ctl("login", "--server", plain, "--insecure", "--token-stdin", stdin=server.token)
+    assert "WARNING" in accepted.err
+    assert "unencrypted" in accepted.err
+    assert accepted.code == 1
+    assert "connection refused" in accepted.err
+    assert ctl("login", "--server", server.url, "--insecure", "--token-stdin", stdin=server.token).code == 2
+    assert not config.exists()
+
+    # Later calls verify against the pinned CA too: a context pinned to another CA is refused.
+    pinned = Ctl(tmp_path / "pinned")
+    pinned.ok("login", "--server", server.url, "--ca-file", str(server.ca_file), "--token-stdin", stdin=server.token)
+    saved = yaml.safe_load((tmp_path / "pinned" / "graphene" / "config.yaml").read_text())
+    saved["contexts"][0]["ca"] = other.ca_path.read_text()
+    (tmp_path / "pinned" / "graphene" / "config.yaml").write_text(yaml.safe_dump(saved))
+    later = pinned("get", "records")
+    assert later.code == 1
+    assert f"pinned CA ({other.ca_fingerprint}, from context" in later.err
 
 
 # --- reading ---------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ class EventStream:
 
     def __init__(self, server: Server, path: str, headers: dict[str, str] | None = None) -> None:
         url = urllib.parse.urlsplit(server.url)
-        self.conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=DEADLINE)
+        self.conn = http.client.HTTPSConnection(
+            url.hostname or "127.0.0.1", url.port, timeout=DEADLINE, context=server.context
+        )
         self.conn.request(
             "GET",
             f"/api/v1/{path}",

@@ -390,7 +390,7 @@ def test_graphenectl_audit_shows_and_filters_the_trail(web: WebServer, django_us
     from rest_framework.authtoken.models import Token
 
     root = django_user_model.objects.create_superuser(username="root", password="pw")
-    ctl = Ctl(tmp_path / "config", GRAPHENE_SERVER=web.url, GRAPHENE_TOKEN=Token.objects.create(user=root).key)
+    ctl = Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=Token.objects.create(user=root).key)
     held = ctl.ok("apply", "test.sleep", "held", "--owner", "stand/sample.cli").out.strip().removeprefix("record/")
     ctl.ok("delete", held)
 

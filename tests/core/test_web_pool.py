@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from http.client import HTTPConnection
+from http.client import HTTPSConnection
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from apps.observability.services import log_write_lines
 from apps.pipelines.models import Run
 from apps.records.models import Record
 from tests import factories
+from tests.harness import tls
 from tests.harness.net import http, opener
 from tests.harness.processes import REPO, process_env, purge_queue
 from tests.harness.wait import wait_for
@@ -131,7 +132,7 @@ class Follower:
     from then on it polls the database for as long as it stays open."""
 
     def __init__(self, web: ProductionWeb, record: Record, token: str) -> None:
-        self.conn = HTTPConnection("127.0.0.1", web.port, timeout=60)
+        self.conn = HTTPSConnection("127.0.0.1", web.port, timeout=60, context=tls.context())
         self.conn.request(
             "GET",
             f"/api/v1/records/{record.pk}/logs/stream/",
@@ -235,7 +236,7 @@ def test_a_request_that_finds_every_connection_in_use_past_the_timeout_answers_5
         )
 
         began = time.monotonic()
-        request = urllib.request.Request(  # noqa: S310 - http:// on loopback
+        request = urllib.request.Request(  # noqa: S310 - https:// on loopback
             f"{web.url}/api/v1/records/", headers={"Authorization": f"Token {token}", "Accept": "application/json"}
         )
         with pytest.raises(urllib.error.HTTPError) as refused:

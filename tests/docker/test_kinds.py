@@ -351,6 +351,25 @@ def test_a_secret_in_the_environment_reaches_the_container_but_not_the_record(ow
     assert "hunter2" not in str(record.spec)
 
 
+def test_what_a_container_prints_of_its_secrets_is_stored_masked(owner: Record, image: str) -> None:
+    secret_create(name="api-token", value="tok-printed-by-a-careless-job")
+    env = {"TOKEN": {"$secret": "api-token"}, "MODE": "test-mode"}
+    job = declare(
+        owner, "job", "prints-it", image=image, command=["sh", "-c", 'echo "token=$TOKEN mode=$MODE"; exit 3'], env=env
+    )
+    with pytest.raises(PermanentError) as failed:
+        kind(job).create(job)
+    assert str(failed.value).endswith("last lines:\ntoken=*** mode=test-mode")
+    assert log_messages(job) == ["token=*** mode=test-mode"]
+    server = declare(
+        owner, "container", "dies", image=image, command=["sh", "-c", 'echo "bad token $TOKEN"; exit 1'], env=env
+    )
+    with pytest.raises(KindError) as died:
+        kind(server).create(server)
+    assert str(died.value).endswith("last lines:\nbad token ***")
+    assert "tok-printed" not in str(LogLine.objects.values_list("message", flat=True))
+
+
 def test_an_object_of_a_stranger_under_our_name_is_never_adopted(
     owner: Record, image: str, docker_client: docker.DockerClient
 ) -> None:

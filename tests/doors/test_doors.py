@@ -262,7 +262,7 @@ def test_the_sdk_client_refuses_an_unsendable_body_before_sending_it(monkeypatch
     from graphene_sdk import Client, ClientError
 
     monkeypatch.delenv("GRAPHENE_CONTEXT", raising=False)
-    client = Client("http://127.0.0.1:9", token="unused")
+    client = Client("https://127.0.0.1:9", token="unused")
     with pytest.raises(ClientError) as refused:
         client.start_by_name("hello", {"name": "A\x00da", "tags": ["\udcff"]})
     assert (refused.value.status, refused.value.code) == (400, "validation_failed")

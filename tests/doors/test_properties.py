@@ -40,7 +40,9 @@ from rest_framework.authtoken.models import Token
 from apps.agents import services as agents
 from apps.agents.models import AgentCommand
 from apps.api.params import MAX_SECONDS
+from apps.core import rbac
 from apps.core.errors import ValidationFailed
+from apps.core.models import Namespace, Role, RoleBinding
 from apps.observability.models import LogLine
 from apps.pipelines import services as pipelines
 from apps.pipelines.models import JournalEntry, Run, RunEvent
@@ -318,6 +320,35 @@ DOORS = [
         raw_upload=True,
     ),
     Door("orphan sweep", "POST", "/api/v1/orphans/sweep/", None, query={"dry_run": "false"}),
+    Door(
+        "namespace create",
+        "POST",
+        "/api/v1/namespaces/",
+        {"name": "doors-new", "description": "d"},
+        strict={"name": not_strings | st.text(min_size=64, max_size=80), "nmae": json_values},
+    ),
+    Door("namespace delete", "DELETE", "/api/v1/namespaces/doors-empty/", None),
+    Door(
+        "role create",
+        "POST",
+        "/api/v1/roles/",
+        {"name": "doors-role", "rules": [{"verbs": ["get"], "resources": ["runs"]}]},
+        strict={
+            "name": not_strings,
+            "rules": st.just([]) | json_scalars | st.lists(json_scalars, min_size=1, max_size=2),
+            "rules.0.verbs": st.just([]) | st.just(["fly"]) | json_scalars,
+            "rules.0.resources": st.just(["planets"]) | json_scalars,
+        },
+    ),
+    Door("role delete", "DELETE", "/api/v1/roles/doors-custom/", None),
+    Door(
+        "role binding create",
+        "POST",
+        "/api/v1/rolebindings/",
+        {"role": "viewer", "namespace": "doors-empty", "user": "doors"},
+        strict={"role": not_strings, "namespace": not_strings, "user": st.integers() | st.lists(st.text(), max_size=2)},
+    ),
+    Door("role binding delete", "DELETE", "/api/v1/rolebindings/{binding}/", None),
 ]
 
 
@@ -426,7 +457,7 @@ def _objects(base: Any, prefix: str = "") -> list[str]:
 # --- the world the doors act on ----------------------------------------------------------------------
 
 
-WATCHED = (Run, Record, Event, RunEvent, JournalEntry, AgentCommand, Secret, LogLine)
+WATCHED = (Run, Record, Event, RunEvent, JournalEntry, AgentCommand, Secret, LogLine, Namespace, Role, RoleBinding)
 CHANGING = (Record, Run, Secret)
 
 
@@ -465,7 +496,11 @@ def world(web: WebServer, django_user_model: Any) -> Iterator[dict[str, str]]:
     agent = agents.agent_declare(owner=other, name="doors-box").record
     command = agents.command_submit(agent=agent, kind="exec", payload={"argv": ["true"]})
     secrets.secret_create(name="doors", value="v")
+    rbac.namespace_create(name="doors-empty", actor=None)
+    rbac.role_create(name="doors-custom", rules=[{"verbs": ["get"], "resources": ["runs"]}], actor=None)
+    binding, _ = rbac.role_bind(role="viewer", namespace="doors-empty", user="doors", actor=None)
     yield {
+        "binding": str(binding.pk),
         "token": Token.objects.create(user=user).key,
         "stand": str(stand.pk),
         "other": str(other.pk),
@@ -561,6 +596,12 @@ def test_the_doors_are_every_write_endpoint_of_the_urlconf() -> None:
         ("POST", "AgentViewSet.cancel"),
         ("POST", "ArtifactViewSet.create"),
         ("POST", "OrphanViewSet.sweep"),
+        ("POST", "NamespaceViewSet.create"),
+        ("DELETE", "NamespaceViewSet.destroy"),
+        ("POST", "RoleViewSet.create"),
+        ("DELETE", "RoleViewSet.destroy"),
+        ("POST", "BindingViewSet.create"),
+        ("DELETE", "BindingViewSet.destroy"),
     }
     assert writes == covered
     assert len(DOORS) == len(covered)

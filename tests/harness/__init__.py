@@ -11,7 +11,8 @@ Three layers, chosen per test by what it promises (CONTRIBUTING.md, "Tests"):
 * **own processes** — ``processes.Worker``, ``web.WebServer``, ``agents.AgentProcess`` started by
   the test itself for every crash, reconnect, lease and parallelism promise.
 
-Modules: ``net`` (free ports, HTTP), ``wait`` (conditions with deadlines), ``processes``
+Modules: ``net`` (free ports, HTTP(S)), ``tls`` (the session's CA and certificate: the web
+servers serve HTTPS and WSS, every client trusts that CA), ``wait`` (conditions with deadlines), ``processes``
 (the ``Service`` base, Celery workers and beat, the shared pools), ``web`` (daphne, and
 ``graphene web`` under the production settings), ``embedded`` (``graphene up`` and
 graphenectl), ``agents`` (agent processes), ``docker`` (the busybox image, counting labelled

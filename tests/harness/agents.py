@@ -15,7 +15,8 @@ AGENT_SRC = REPO / "agent"
 
 
 class AgentProcess:
-    """``python -m graphene_agent`` (or a zipapp) with a 0600 config file in its own state dir."""
+    """``python -m graphene_agent`` (or a zipapp) with a 0600 config file in its own state dir;
+    ``server_ca`` is the CA it pins for a wss:// server, as its install data would give it."""
 
     def __init__(
         self,
@@ -25,6 +26,7 @@ class AgentProcess:
         agent_id: Any,
         bootstrap_token: str | None,
         command: list[str] | None = None,
+        server_ca: str = "",
     ) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -41,6 +43,8 @@ class AgentProcess:
         ]
         if bootstrap_token:
             lines.append(f"GRAPHENE_AGENT_BOOTSTRAP_TOKEN={bootstrap_token}")
+        if server_ca:  # the CA the install data carries (apps.agents.services.agent_server_ca)
+            lines.append(f"GRAPHENE_AGENT_SERVER_CA={server_ca}")
         fd = os.open(self.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, ("\n".join(lines) + "\n").encode())
         os.close(fd)

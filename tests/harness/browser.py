@@ -18,6 +18,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.harness import tls
+
 # Screenshots of the pages the tests saw (ignored by git): look at them when a test fails.
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "studio"
 PASSWORD = "pw"  # the password of the users the Studio tests make
@@ -37,13 +39,39 @@ def chromium_driver() -> Iterator[WebDriver]:
         "--no-proxy-server",  # loopback only
         "--disable-background-networking",  # this machine's network is closed: no calls home
         "--window-size=1280,900",
+        # The test web servers serve HTTPS with the session's certificate (tests.harness.tls): the
+        # browser accepts exactly its key, as a user who imported the CA would see the pages.
+        f"--ignore-certificate-errors-spki-list={tls.spki_pin()}",
     ):
         options.add_argument(argument)
+    # The console is readable (driver.get_log("browser")): Content-Security-Policy refusals show there.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
+    # Every document records the policy's refusals before any of its scripts runs (a script
+    # the DevTools protocol adds is not subject to the page's policy): see csp_violations().
+    chrome.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": _CSP_WATCH})
     try:
         yield chrome
     finally:
         chrome.quit()
+
+
+_CSP_WATCH = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__cspViolations.push(
+  `${e.effectiveDirective} refused ${e.blockedURI || "(inline)"}`
+  + ` at ${e.sourceFile || location.pathname}:${e.lineNumber}` + (e.sample ? ` (${e.sample})` : "")
+));
+"""
+
+
+def csp_violations(driver: WebDriver) -> list[str]:
+    """What the page's Content-Security-Policy refused since the page loaded (its
+    ``securitypolicyviolation`` events), and the console's CSP messages since the last call."""
+    seen = [str(v) for v in driver.execute_script("return window.__cspViolations || []") or []]
+    entries = driver.get_log("browser")  # type: ignore[attr-defined]  # Chromium's driver has it; the base type not
+    logged = [str(entry.get("message", "")) for entry in entries]
+    return seen + [m for m in logged if "Content Security Policy" in m or "Content-Security-Policy" in m]
 
 
 _CLICK = "const e = document.querySelector(arguments[0]); if (!e) return false; e.click(); return true;"

@@ -1,8 +1,9 @@
 """``graphene up`` (the embedded mode) as a real process, and graphenectl as a user runs it.
 
 The server runs with its own SQLite data directory and the example pipelines: nothing of the
-test settings (PostgreSQL, Redis) reaches it. graphenectl runs as a subprocess, with its config
-under a temporary ``XDG_CONFIG_HOME``.
+test settings (PostgreSQL, Redis) reaches it. It serves HTTPS with the local CA it makes on its
+first start (``ca_file``), which graphenectl pins at login. graphenectl runs as a subprocess,
+with its config under a temporary ``XDG_CONFIG_HOME``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.harness import tls
 from tests.harness.net import free_port, http
 from tests.harness.processes import REPO, WITH_DEFAULT_SIGINT, Service
 
@@ -22,13 +24,15 @@ START_DEADLINE = 90.0
 
 
 class Server(Service):
-    """``graphene up`` on a free port with a fresh data directory; ``token`` is its admin's."""
+    """``graphene up`` on a free port with a fresh data directory; ``token`` is its admin's,
+    ``ca_file`` its local CA."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root / "server.log")
         self.data = root / "data"
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ca_file = self.data / "tls" / "ca.pem"
         self.what = f"graphene up on port {self.port}"
         self.token = ""
 
@@ -47,15 +51,33 @@ class Server(Service):
         return self
 
     def ready(self) -> bool:
+        if not self.ca_file.exists():
+            return False
         try:
-            status, body = http("GET", f"{self.url}/readyz", timeout=5)
+            status, body = http("GET", f"{self.url}/readyz", timeout=5, context=self.context)
         except (OSError, ValueError):
             return False
         return status == 200 and body["status"] == "ok"
 
+    def output(self) -> str:
+        """What ``graphene up`` printed (stdout and stderr)."""
+        return self.log.read_text(errors="replace")
+
+    @property
+    def context(self) -> Any:
+        """An SSL context that trusts this server's CA only."""
+        return tls.context_for(self.ca_file)
+
     def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """The REST API directly, to compare graphenectl's output with it."""
-        return http(method, f"{self.url}/api/v1/{path.lstrip('/')}", token=self.token, body=body, timeout=60)
+        return http(
+            method,
+            f"{self.url}/api/v1/{path.lstrip('/')}",
+            token=self.token,
+            body=body,
+            timeout=60,
+            context=self.context,
+        )
 
     def get(self, path: str) -> Any:
         status, body = self.api("GET", path)

@@ -4,6 +4,7 @@ channel layer, so that commands submitted by the test process reach the gateway'
 
 import os
 
+from graphene_project.settings.env import env
 from graphene_project.settings.test import *  # noqa: F403
 
 CHANNEL_LAYERS = {
@@ -21,4 +22,8 @@ CHANNEL_LAYERS = {
     }
 }
 GRAPHENE_AGENT_HEARTBEAT_SECONDS = 1
+# The session's shared web server hears every test of the session from 127.0.0.1, refusals
+# included (a bad token, a 4401): its limit of failed authentications is out of their way. A
+# test of the limit starts a server of its own with the limit it tests (WebServer(..., env)).
+GRAPHENE_AUTH_FAILURES_PER_MINUTE = env.integer("GRAPHENE_AUTH_FAILURES_PER_MINUTE", 100_000)
 GRAPHENE_AGENT_DISCONNECT_GRACE_SECONDS = 2

@@ -28,7 +28,7 @@ def graphenectl(server: WebServer, token: str, *args: str) -> Result:
     """graphenectl as a user runs it, pointed at ``server`` through the environment."""
     argv = graphenectl_argv()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHENE_")}
-    env.update(GRAPHENE_SERVER=server.url, GRAPHENE_TOKEN=token, NO_COLOR="1", COLUMNS="250")
+    env.update(server.client_env(), GRAPHENE_TOKEN=token, NO_COLOR="1", COLUMNS="250")
     proc = subprocess.run(
         [*argv, *args], capture_output=True, text=True, env=env, timeout=60, check=False, stdin=subprocess.DEVNULL
     )

@@ -46,7 +46,7 @@ def client(web: WebServer, token: str, monkeypatch: pytest.MonkeyPatch, tmp_path
     for name in ("GRAPHENE_SERVER", "GRAPHENE_TOKEN", "GRAPHENE_CONTEXT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
-    return Client(web.url, token=token)
+    return Client(web.url, token=token, ca_file=web.ca_file)
 
 
 def run_record(handle: RunHandle[Any]) -> str:
@@ -290,7 +290,7 @@ def test_artifacts_are_put_found_read_and_downloaded(client: Client, workers: An
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".part")], "no partial download is left"
 
 
-def test_server_errors_keep_their_shape(client: Client, workers: Any) -> None:
+def test_server_errors_keep_their_shape(client: Client, web: WebServer, workers: Any) -> None:
     with pytest.raises(ClientError) as invalid:
         client.start_by_name("sample.chatter", {"lines": "many"})
     assert invalid.value.status == 400
@@ -307,7 +307,7 @@ def test_server_errors_keep_their_shape(client: Client, workers: Any) -> None:
     assert no_pipeline.value.status == 404
     assert "no pipeline 'no.such.pipeline'" in no_pipeline.value.detail
 
-    refused = Client(client.server, token="not-a-token")
+    refused = Client(client.server, token="not-a-token", ca_file=web.ca_file)
     with pytest.raises(ClientError) as unauthorized:
         refused.records.list().first(1)
     assert unauthorized.value.status == 401

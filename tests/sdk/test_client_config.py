@@ -29,7 +29,7 @@ def token(django_user_model: Any) -> str:
 @pytest.fixture
 def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """This process's XDG_CONFIG_HOME, with no GRAPHENE_* variable set."""
-    for name in ("GRAPHENE_SERVER", "GRAPHENE_TOKEN", "GRAPHENE_CONTEXT"):
+    for name in ("GRAPHENE_SERVER", "GRAPHENE_TOKEN", "GRAPHENE_CONTEXT", "GRAPHENE_CA_FILE", "GRAPHENE_INSECURE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     return tmp_path / "config"
@@ -39,9 +39,12 @@ def test_the_client_uses_graphenectl_contexts_and_the_environment_over_them(
     web: WebServer, token: str, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ctl = Ctl(home)
-    ctl.ok("login", "--server", web.url + "/api/v1/", "--token-stdin", "--name", "local", stdin=token)
+    ctl.ok(
+        "login", "--server", web.url + "/api/v1/", "--ca-file", str(web.ca_file), "--token-stdin", "--name", "local",
+        stdin=token,
+    )  # fmt: skip
     # A second context, for a server that is not running (graphenectl's login would refuse it).
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"https://127.0.0.1:{free_port()}"
     saved = graphene_config.load()
     saved.contexts["dead"] = graphene_config.ContextEntry(name="dead", server=dead, token="stale")
     graphene_config.save(saved)
@@ -111,6 +114,7 @@ def test_without_contexts_or_environment_the_client_says_how_to_connect(
         Client(web.url)
     monkeypatch.setenv("GRAPHENE_SERVER", web.url + "/api/v1")
     monkeypatch.setenv("GRAPHENE_TOKEN", token)
+    monkeypatch.setenv("GRAPHENE_CA_FILE", str(web.ca_file))
     client = Client()  # CI: the environment alone
     assert client.server == web.url
     assert client.target.context is None

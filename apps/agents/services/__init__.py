@@ -49,6 +49,7 @@ from apps.agents.services.identity import (
     agent_env_file,
     agent_install_script,
     agent_record_declare,
+    agent_server_ca,
 )
 from apps.agents.services.payloads import MAX_ARGV, MAX_TIMEOUT_SECONDS, command_payload_validate
 from apps.agents.services.terminals import terminal_closed, terminal_opened, terminal_refused
@@ -83,6 +84,7 @@ __all__ = [
     "agent_install_script",
     "agent_record_declare",
     "agent_retire",
+    "agent_server_ca",
     "agents_mark_lost",
     "capability_publish",
     "command_accepted",

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 MAX_TAIL_CHARS = 64 * 1024
 SEALED = "$sealed"
+# In a sealed exec's payload: the environment variables that hold secrets' values.
+SECRET_ENV = "secret_env"  # noqa: S105 - a key of the payload, not a password
 # The prefix of an ``operation`` whose submitter waits for the command in place (the docker
 # kinds' HTTP requests through an agent): waking its record would only start a duplicate.
 SYNC_OPERATION = "sync:"
@@ -96,7 +98,8 @@ def command_submit(
     and not a field the API accepts.
     ``resolve_secrets``: an exec's ``env`` may hold secret references (``{"$secret": name}``,
     ``ctx.secret`` in a pipeline): their values are read from the secret store here, at the
-    point of use, and the payload is sealed. For the pipelines' commands only: the right to
+    point of use, and the payload is sealed; what the program prints is stored with those
+    values masked (``secrets_mask``). For the pipelines' commands only: the right to
     run commands is not the right to read secrets, so the API never sets it.
     """
     access.require_actor(actor, "exec", "agents", agent.namespace)
@@ -104,9 +107,10 @@ def command_submit(
         raise _fail("agent", f"{agent} is not an agent record")
     if guarantee not in Guarantee.values:
         raise _fail("guarantee", f"unknown guarantee {guarantee!r}; guarantees are {Guarantee.values}")
+    secret_env: list[str] = []
     if resolve_secrets and kind == CommandKind.EXEC:
-        payload, has_secrets = _env_secrets_resolved(payload, namespace=agent.namespace)
-        sealed = sealed or has_secrets
+        payload, secret_env = _env_secrets_resolved(payload, namespace=agent.namespace)
+        sealed = sealed or bool(secret_env)
     clean = command_payload_validate(kind, payload)
     if in_process:
         if kind != CommandKind.CALL:
@@ -126,7 +130,7 @@ def command_submit(
             id=command_id,
             agent=agent,
             kind=kind,
-            payload=_seal(command_id, clean) if sealed else clean,
+            payload=_seal(command_id, clean, secret_env=secret_env) if sealed else clean,
             operation=operation[:40],
             guarantee=guarantee,
             log_record_ids=extra_logs,
@@ -198,32 +202,53 @@ def command_cancel(*, command: AgentCommand, actor: records.Actor = None) -> Age
 # --- delivery and results (called by the gateway consumer) ------------------------------------
 
 
-def _env_secrets_resolved(payload: Mapping[str, Any], *, namespace: str) -> tuple[Mapping[str, Any], bool]:
+def _env_secrets_resolved(payload: Mapping[str, Any], *, namespace: str) -> tuple[Mapping[str, Any], list[str]]:
     """The payload with each secret reference in its ``env`` replaced by the secret's value
-    (``SecretNotFound`` names a missing one), and whether there was any."""
+    (``SecretNotFound`` names a missing one), and the variables that hold one."""
     from apps.secrets.services import secret_resolve
 
     env = payload.get("env")
     if not isinstance(env, Mapping):
-        return payload, False
+        return payload, []
     names = {key: secret_ref_name(value) for key, value in env.items()}
     if not any(names.values()):
-        return payload, False
+        return payload, []
     resolved = {
         key: secret_resolve(name=name, namespace=namespace) if name is not None else value
         for (key, value), name in zip(env.items(), names.values(), strict=True)
     }
-    return {**payload, "env": resolved}, True
+    return {**payload, "env": resolved}, sorted(str(key) for key, name in names.items() if name is not None)
 
 
-def _seal(command_id: uuid.UUID, payload: dict[str, Any]) -> dict[str, Any]:
+def _seal(command_id: uuid.UUID, payload: dict[str, Any], *, secret_env: Sequence[str] = ()) -> dict[str, Any]:
     """The payload encrypted (bound to the command's id); only a function's name and an exec's
-    argv stay readable (what the command is, for the Studio, the API and its trace span)."""
+    argv stay readable (what the command is, for the Studio, the API and its trace span), and
+    the names of the environment variables that hold secrets (``SECRET_ENV``: whose values
+    are masked in what the program prints)."""
     from apps.secrets.crypto import encrypt
 
     ciphertext, _key = encrypt(namespace="agent-command", name=str(command_id), value=json.dumps(payload))
     visible = {key: payload[key] for key in ("name", "argv") if key in payload}
+    if secret_env:
+        visible[SECRET_ENV] = list(secret_env)
     return {SEALED: ciphertext, **visible}
+
+
+def _printed_secrets(command: AgentCommand) -> list[str]:
+    """The secrets' values a command's program was given (its sealed ``env``), to be masked
+    in what it prints; none for a command that was given none."""
+    payload = command.payload
+    names = payload.get(SECRET_ENV) if isinstance(payload, dict) and SEALED in payload else None
+    if not names:
+        return []
+    env = _unsealed(command).get("env") or {}
+    return [str(env[name]) for name in names if isinstance(env.get(name), str)]
+
+
+def _masked(text: str, values: Sequence[str], *, is_tail: bool = False) -> str:
+    from apps.secrets.services import secrets_mask
+
+    return secrets_mask(text, values=values, is_tail=is_tail) if values else text
 
 
 def _unsealed(command: AgentCommand) -> dict[str, Any]:
@@ -336,6 +361,9 @@ def command_output(*, record_id: Any, command_id: Any, seq: int, stream: str, da
         lines = data.split("\n")
         if lines and lines[-1] == "":
             lines.pop()
+        secrets = _printed_secrets(command)
+        if secrets:  # a program given secrets may print them: its lines are stored masked (I7)
+            lines = _masked("\n".join(lines), secrets).split("\n")
         if seq > command.output_seq + 1:
             missing = seq - command.output_seq - 1
             lines.insert(0, f"[graphene: {missing} output chunk(s) of this command were lost on the agent]")
@@ -392,18 +420,27 @@ def command_finish(*, record_id: Any, command_id: Any, result: Mapping[str, Any]
             # Only at-most-once commands may end unknown; an at-least-once one is run again.
             logger.warning("agent reported %s unknown although it is at least once", command.pk)
         exit_code = result.get("exit_code")
-        extra = {key: result[key] for key in RESULT_KEYS if key in result}
+        # What a program given secrets printed is stored with their values masked (I7); a tail
+        # may begin in the middle of one.
+        secrets = _printed_secrets(command)
+        extra = {
+            key: _masked(result[key], secrets) if isinstance(result[key], str) else result[key]
+            for key in RESULT_KEYS
+            if key in result
+        }
         if int(result.get("output_seq") or 0) > command.output_seq:
             extra["output_incomplete"] = True
+        stdout_tail = str(result.get("stdout_tail") or "")[-MAX_TAIL_CHARS:]
+        stderr_tail = str(result.get("stderr_tail") or "")[-MAX_TAIL_CHARS:]
         _command_finish_row(
             command,
             CommandStatus(status),
-            error=storable_text(error),
+            error=storable_text(_masked(error, secrets)),
             exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
             # A program's output may hold NUL (and a broken agent lone surrogates): stored as
             # U+FFFD, as its log lines are, or the result could never be stored.
-            stdout_tail=storable_text(str(result.get("stdout_tail") or "")[-MAX_TAIL_CHARS:]),
-            stderr_tail=storable_text(str(result.get("stderr_tail") or "")[-MAX_TAIL_CHARS:]),
+            stdout_tail=storable_text(_masked(stdout_tail, secrets, is_tail=True)),
+            stderr_tail=storable_text(_masked(stderr_tail, secrets, is_tail=True)),
             result=extra,
         )
     return command

@@ -9,6 +9,7 @@ involved, and the connection is closed with a code from ``protocol``.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import secrets
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from django.conf import settings
 from django.db import transaction
 from graphene_agent import protocol
@@ -36,6 +39,7 @@ from apps.agents.services.capabilities import needs_clean
 from apps.core import audit
 from apps.core.errors import Conflict, ValidationFailed
 from apps.core.events import publish_on_commit
+from apps.core.selectors import tls_ca_pem
 from apps.records import services as records
 from apps.records.choices import EventType, Phase
 from apps.records.models import Record
@@ -214,18 +218,38 @@ def _audited(record: Record) -> dict[str, Any]:
     }
 
 
+def agent_server_ca(*, server_url: str) -> str:
+    """The server's CA for an agent's install data, as ``GRAPHENE_AGENT_SERVER_CA`` takes it: each
+    certificate's DER in base64 (its PEM body on one line), comma-separated. Empty for a plain
+    ``http://`` server, or one whose certificate comes from a CA the machines already trust."""
+    if not server_url.startswith("https://"):
+        return ""
+    pem = tls_ca_pem()
+    if not pem:
+        return ""
+    certs = x509.load_pem_x509_certificates(pem.encode())
+    return ",".join(base64.b64encode(c.public_bytes(serialization.Encoding.DER)).decode() for c in certs)
+
+
 def agent_env_file(*, record: Record, bootstrap_token: str, server_url: str | None = None) -> str:
-    """The agent's config file (``KEY=VALUE``; install it with mode 0600: it holds the token)."""
+    """The agent's config file (``KEY=VALUE``; install it with mode 0600: it holds the token).
+
+    Over HTTPS it pins the server's CA (``GRAPHENE_AGENT_SERVER_CA``, ``apps.core.selectors.tls_ca_pem``):
+    the agent refuses a server whose certificate that CA did not sign, before it sends anything."""
+    server = server_url or settings.GRAPHENE_AGENT_SERVER_URL
     # k=v,k=v on one line: labels whose values would break that format stay on the record only.
     labels = ",".join(
         f"{k}={v}" for k, v in sorted(record.labels.items()) if not any(c in f"{k}{v}" for c in ",\n\r\x00")
     )
     lines = [
         "# graphene-agent configuration (keep it mode 0600: the bootstrap token is a secret until used)",
-        f"GRAPHENE_AGENT_SERVER={server_url or settings.GRAPHENE_AGENT_SERVER_URL}",
+        f"GRAPHENE_AGENT_SERVER={server}",
         f"GRAPHENE_AGENT_ID={record.pk}",
         f"GRAPHENE_AGENT_BOOTSTRAP_TOKEN={bootstrap_token}",
     ]
+    server_ca = agent_server_ca(server_url=server)
+    if server_ca:
+        lines.append(f"GRAPHENE_AGENT_SERVER_CA={server_ca}")
     if labels:
         lines.append(f"GRAPHENE_AGENT_LABELS={labels}")
     return "\n".join(lines) + "\n"
@@ -241,6 +265,7 @@ def agent_install_script(
     server = (server_url or settings.GRAPHENE_AGENT_SERVER_URL).rstrip("/")
     return render_install_script(
         server_url=server,
+        server_ca=agent_server_ca(server_url=server),
         pyz_sha256=pyz_sha256 or agent_bundle().sha256,
         env_file=agent_env_file(record=record, bootstrap_token=bootstrap_token, server_url=server),
         agent_name=record.name,

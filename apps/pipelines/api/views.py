@@ -26,6 +26,7 @@ from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Pipeline, Run
 
 JOURNAL_LIMIT = 1000
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 def _run_detail(run: Run) -> dict[str, Any]:
@@ -59,14 +60,33 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
     def retrieve(self, request: Request, name: str) -> Response:
         return Response(PipelineOutput(services.pipeline_sync(services.definition_get(name, user=request.user))).data)
 
-    @extend_schema(request=RunStartInput, responses={201: RunOutput})
+    @extend_schema(
+        request=RunStartInput,
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                description="a key of the client's (a UUID, a CI build id): the same start again returns the "
+                "run it started (`Idempotent-Replayed: true`), for as long as the run exists; the same key "
+                "with other inputs is a 422",
+            )
+        ],
+        responses={201: RunOutput, 422: None},
+    )
     @action(detail=True, methods=["post"], url_path="runs")
     def start(self, request: Request, name: str) -> Response:
-        """Start a run; ``inputs`` are validated against the pipeline's schema (400 per field)."""
+        """Start a run; ``inputs`` are validated against the pipeline's schema (400 per field).
+        Safe to retry with an ``Idempotency-Key``: a start that happened is answered again."""
         data = RunStartInput(data=request.data)
         data.is_valid(raise_exception=True)
-        run = services.run_start(pipeline_name=name, inputs=data.validated_data["inputs"], actor=request.user)
-        return Response(RunOutput(run).data, status=status.HTTP_201_CREATED)
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        run = services.run_start(
+            pipeline_name=name, inputs=data.validated_data["inputs"], actor=request.user, idempotency_key=key
+        )
+        # The answer is built from the committed run alone: nothing after the commit can fail it.
+        headers = {"Idempotent-Replayed": "true"} if getattr(run, "replayed", False) else {}
+        return Response(RunOutput(run).data, status=status.HTTP_201_CREATED, headers=headers)
 
 
 class RunViewSet(DoorChecks, viewsets.GenericViewSet):

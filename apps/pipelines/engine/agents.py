@@ -114,7 +114,7 @@ class AgentCalls(ExecutionState):
         failure = ""
         try:
             clean = agents.needs_clean(needs)
-            found = agent_selectors.agent_find(name_or_id=name_or_id)
+            found = agent_selectors.agent_find(name_or_id=name_or_id, namespace=self.run.namespace)
             if not found:
                 failure = f"cannot attach agent {name_or_id}: no live agent has that name or id"
             elif len(found) > 1:
@@ -146,7 +146,7 @@ class AgentCalls(ExecutionState):
             clean = agents.needs_clean(needs)
         except ServiceError as exc:
             raise self.journal.refuse(self.journal.seq, call, f"cannot select agents: {exc.detail}") from None
-        found = agent_selectors.agents_select(labels=dict(labels), needs=clean)
+        found = agent_selectors.agents_select(labels=dict(labels), needs=clean, namespace=self.run.namespace)
         chosen = [{"record_id": str(r.pk), "name": r.name} for r in found]
         self.journal.write(self.journal.seq, call, EntryStatus.COMPLETED, {"agents": chosen})
         self.attached_agents.update(a["record_id"] for a in chosen)

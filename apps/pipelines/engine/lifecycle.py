@@ -23,7 +23,7 @@ from graphene_sdk import (
 )
 from graphene_sdk import Pipeline as Definition
 
-from apps.core import audit
+from apps.core import access, audit
 from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.engine.execution import Execution
@@ -96,51 +96,57 @@ def run_execute(*, run_id: Any) -> None:
     # What the run's code changes (declarations, deletions, hand-overs, commands) and its end
     # are the run's doing: the audit trail names it as their actor.
     with audit.acting(audit.who_run(run.pk, f"{run.pipeline.name}#{run.number}")):
-        execution = Execution(run, token, definition)
-        journal = execution.journal
-        heartbeat = _Heartbeat(execution)
-        heartbeat.start()
+        _execute(run, token, definition, inputs)
+
+
+def _execute(run: Run, token: Any, definition: Definition[Any, Any], inputs: Any) -> None:
+    """One execution of the run's function, holding its lease, to its suspension or its end."""
+    execution = Execution(run, token, definition)
+    journal = execution.journal
+    heartbeat = _Heartbeat(execution)
+    heartbeat.start()
+    try:
         try:
-            try:
+            with access.acting_in(run.namespace):  # secrets and the like are read in the run's namespace
                 value = definition.fn(Context(execution), inputs)
-                if journal.divergence is not None:
-                    raise journal.divergence
-                extra = journal.leftover()
-                if extra is not None:
-                    raise NonDeterminismError(
-                        f"non-deterministic pipeline: the program ended after {journal.seq} calls but the journal "
-                        f"recorded call #{extra.seq} {extra.call!r}",
-                        seq=extra.seq,
-                        journaled=extra.call,
-                        called="(end of program)",
-                    )
-                outputs = _output(definition, value)
-            except _Suspend as suspend:
-                execution.telemetry.end("suspended")  # written before the run's status changes
-                services.run_suspend(
-                    run_id=run.pk,
-                    token=token,
-                    waiting_on=suspend.waiting_on,
-                    wake_at=suspend.wake_at,
-                    until=suspend.until,
+            if journal.divergence is not None:
+                raise journal.divergence
+            extra = journal.leftover()
+            if extra is not None:
+                raise NonDeterminismError(
+                    f"non-deterministic pipeline: the program ended after {journal.seq} calls but the journal "
+                    f"recorded call #{extra.seq} {extra.call!r}",
+                    seq=extra.seq,
+                    journaled=extra.call,
+                    called="(end of program)",
                 )
-                return
-            except _Fenced:
-                execution.telemetry.end("fenced")
-                logger.info("run %s: lease lost or run ended; this worker stops", run_id)
-                return
-            except BaseException as exc:
-                if isinstance(exc, KeyboardInterrupt | SystemExit):
-                    raise
-                text = _failure_text(exc if journal.divergence is None else journal.divergence)
-                execution.telemetry.end("failed", text.strip().splitlines()[-1])
-                services.run_finish(
-                    run=run, status=RunStatus.FAILED, error=text, token=token, keep_for=definition.keep_on_failure
-                )
-                return
-            execution.telemetry.end("succeeded")
-            services.run_finish(run=run, status=RunStatus.SUCCEEDED, outputs=outputs, token=token)
-        finally:
-            execution.telemetry.end("aborted")  # a no-op unless an exit above was missed
-            heartbeat.stopped.set()
-            execution.close()
+            outputs = _output(definition, value)
+        except _Suspend as suspend:
+            execution.telemetry.end("suspended")  # written before the run's status changes
+            services.run_suspend(
+                run_id=run.pk,
+                token=token,
+                waiting_on=suspend.waiting_on,
+                wake_at=suspend.wake_at,
+                until=suspend.until,
+            )
+            return
+        except _Fenced:
+            execution.telemetry.end("fenced")
+            logger.info("run %s: lease lost or run ended; this worker stops", run.pk)
+            return
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            text = _failure_text(exc if journal.divergence is None else journal.divergence)
+            execution.telemetry.end("failed", text.strip().splitlines()[-1])
+            services.run_finish(
+                run=run, status=RunStatus.FAILED, error=text, token=token, keep_for=definition.keep_on_failure
+            )
+            return
+        execution.telemetry.end("succeeded")
+        services.run_finish(run=run, status=RunStatus.SUCCEEDED, outputs=outputs, token=token)
+    finally:
+        execution.telemetry.end("aborted")  # a no-op unless an exit above was missed
+        heartbeat.stopped.set()
+        execution.close()

@@ -10,7 +10,7 @@ from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 
 from apps.core import access
-from apps.core.errors import Conflict
+from apps.core.errors import Conflict, GrapheneError, ValidationFailed
 from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Run, RunWait
 from apps.pipelines.services.definitions import definition_get, inputs_validate, pipeline_sync
@@ -40,6 +40,7 @@ def _create_run(
     parent: Run | None = None,
     group: int | None = None,
     group_index: int | None = None,
+    idempotency_key: str | None = None,
 ) -> Run:
     number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
     root = records.record_create_root(
@@ -59,6 +60,7 @@ def _create_run(
         parent_run=parent,
         group=group,
         group_index=group_index,
+        idempotency_key=idempotency_key,
     )
     message = f"started by run {parent}" if parent is not None else ""
     run_created(run=run, reason=reason, message=message, actor=actor)
@@ -68,12 +70,55 @@ def _create_run(
     return run
 
 
-def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None) -> Run:
+class IdempotencyKeyReused(GrapheneError):
+    """The key started a run with other inputs: the client reused a key for another start."""
+
+    status_code = 422
+    code = "idempotency_key_reused"
+
+
+IDEMPOTENCY_KEY_MAX = 255
+
+
+def idempotency_key_check(key: str) -> str:
+    """A key as clients send it: 1 to 255 printable ASCII characters (a UUID, a build id)."""
+    if not (0 < len(key) <= IDEMPOTENCY_KEY_MAX) or not all(" " < c <= "~" for c in key):
+        raise ValidationFailed(
+            f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters without spaces "
+            "(a UUID or a CI build id)",
+            fields={"Idempotency-Key": ["1-255 printable ASCII characters, no spaces"]},
+        )
+    return key
+
+
+def _replay(row: Pipeline, key: str, inputs: dict[str, Any]) -> Run | None:
+    """The run this key already started, if any; a key reused with other inputs is refused."""
+    earlier = Run.objects.filter(pipeline=row, idempotency_key=key).select_related("pipeline").first()
+    if earlier is None:
+        return None
+    if earlier.inputs != inputs:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {key!r} already started run {earlier} with other inputs; "
+            "use a new key for a different start",
+            fields={"Idempotency-Key": ["already used with other inputs"]},
+        )
+    earlier.replayed = True  # type: ignore[attr-defined]  # read by the API: the answer is a replay
+    return earlier
+
+
+def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None, idempotency_key: str | None = None) -> Run:
     """Validate the inputs, apply the pipeline's concurrency policy, create the run, enqueue it.
 
     ``queue``: the run waits its turn behind the active one (refused beyond ``max_pending``);
     ``cancel_previous``: active runs are cancelled (and cleaned up) first.
+
+    ``idempotency_key``: a start that already happened with this key (and these inputs)
+    returns its run, marked ``replayed``, and changes nothing (no policy applied again); with
+    other inputs it is ``IdempotencyKeyReused`` (422). The key is stored with the run, in the
+    transaction that creates it.
     """
+    if idempotency_key is not None:
+        idempotency_key_check(idempotency_key)
     definition = definition_get(pipeline_name, user=actor)
     if actor is not None:
         access.require(actor, "start", "runs", definition.namespace)
@@ -82,6 +127,8 @@ def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None) -> Run:
     with transaction.atomic():
         row = pipeline_sync(definition)
         row = Pipeline.objects.select_for_update().get(pk=row.pk)  # serializes numbering and turns
+        if idempotency_key is not None and (earlier := _replay(row, idempotency_key, clean)) is not None:
+            return earlier
         status, reason = RunStatus.QUEUED, "Started"
         active = Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))
         if definition.concurrency == "queue":
@@ -103,7 +150,15 @@ def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None) -> Run:
                     reason="NewerRunStarted",
                     actor=actor,
                 )
-        run = _create_run(definition=definition, row=row, inputs=clean, status=status, reason=reason, actor=actor)
+        run = _create_run(
+            definition=definition,
+            row=row,
+            inputs=clean,
+            status=status,
+            reason=reason,
+            actor=actor,
+            idempotency_key=idempotency_key,
+        )
     return run
 
 
@@ -130,6 +185,8 @@ def run_start_children(
             parent=parent,
             group=group,
             group_index=index,
+            # Derived from the cause: a replayed parent can never start the same child twice.
+            idempotency_key=f"child:{parent.pk}:{group}:{index}",
         )
         for index, item in enumerate(clean)
     ]

@@ -48,7 +48,10 @@ def run_enqueue_on_commit(run_id: Any, countdown: float = 0) -> None:
     """Have a worker execute the run once this transaction commits (its row says what to do)."""
     from apps.pipelines.tasks import run_execute_task
 
-    transaction.on_commit(lambda: run_execute_task.apply_async((str(run_id),), countdown=countdown))
+    # Robust: the run is committed, and a broker that cannot take the message now must not turn
+    # that into an error (an HTTP 500 for a start that happened); the reconciler enqueues a
+    # queued run that no worker took.
+    transaction.on_commit(lambda: run_execute_task.apply_async((str(run_id),), countdown=countdown), robust=True)
 
 
 def _event(run: Run, *, before: str, reason: str, message: str, actor: Actor, data: Any, at: datetime) -> RunEvent:

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.timezone import is_naive, make_aware
 
+from apps.core import selectors as core_selectors
 from apps.core.errors import GrapheneError
 from apps.pipelines import selectors, services
 from apps.pipelines.choices import TERMINAL, RunStatus
@@ -36,8 +37,10 @@ def run_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     statuses = [s for s in request.GET.getlist("status") if s in RunStatus.values]
     pipeline = request.GET.get("pipeline") or None
     search = request.GET.get("q") or None
+    namespace = request.GET.get("namespace") or None
     runs = selectors.run_list(
         user=request.user,
+        namespace=namespace,
         pipeline=pipeline,
         statuses=statuses,
         created_after=_when(request, "created_after"),
@@ -56,6 +59,8 @@ def run_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         "statuses": RunStatus.choices,
         "chosen": statuses,
         "pipeline": pipeline or "",
+        "namespace": namespace or "",
+        "namespaces": [n.name for n in core_selectors.namespace_list(user=request.user)],
         "pipelines": [p.name for p in selectors.pipeline_list(user=request.user)],
         "search": search or "",
         "query": query.urlencode(),

@@ -124,6 +124,26 @@
     });
   }
 
+  // --- depths (trees, waterfalls) -----------------------------------------------------------
+  // The page's Content-Security-Policy allows no style= attribute: a depth comes as data-level
+  // or data-depth and becomes the CSS variable the stylesheet indents by (set through the
+  // CSSOM, which the policy allows), on the page and on every fragment htmx swaps in.
+
+  function indent(root) {
+    const each = (selector, apply) => {
+      if (root.matches && root.matches(selector)) apply(root);
+      root.querySelectorAll(selector).forEach(apply);
+    };
+    each("[data-level]", (el) => el.style.setProperty("--level", el.dataset.level));
+    each("[data-depth]", (el) => el.style.setProperty("--depth", el.dataset.depth));
+  }
+
+  if (window.htmx) {
+    window.htmx.onLoad(indent); // the page itself (document.body) first, then each swap
+  } else {
+    document.addEventListener("DOMContentLoaded", () => indent(document.body));
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     startHints();
     document.querySelectorAll("[data-log-record]").forEach(startLog);
