@@ -259,6 +259,8 @@ def test_the_table_covers_every_rest_route(places: dict[str, Place]) -> None:
             m: m for m in callback.cls.http_method_names if hasattr(callback.cls, m) and m != "options"
         }
         for method in actions:
+            if method == "head":  # DRF answers HEAD with the GET's action, adding it at the first GET
+                continue
             served.add((method.upper(), route.replace("/^", "/")))  # resolve() drops the anchors
     assert served <= tried, f"routes no test tries: {sorted(served - tried)}"
 
