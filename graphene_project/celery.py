@@ -1,6 +1,7 @@
 """The Celery application. Tasks live in ``apps/<app>/tasks.py`` and carry only ids."""
 
 import os
+from typing import Any
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
@@ -25,3 +26,28 @@ def _recycle_db_connections(**_: object) -> None:
         # the connection is in use: leave it alone.
         if not conn.in_atomic_block:
             conn.close_if_unusable_or_obsolete()
+
+
+# The audit context of each task: task id -> the token that restores the one before.
+_audit_tokens: dict[str, Any] = {}
+
+
+@task_prerun.connect
+def _audit_as_system(task_id: str = "", task: Any = None, **_: object) -> None:
+    """Rows a task's writes leave without an explicit actor are the system's, named after the
+    task (``records_expire_task``): beat's periodic tasks, the reconciler, convergence. The
+    engine names the run instead while it executes a run's code. A signal receiver, because
+    Celery offers no other hook around every task."""
+    from apps.core import audit
+
+    name = str(getattr(task, "name", "") or "").rpartition(".")[2]
+    _audit_tokens[task_id] = audit.enter(audit.who_system(name or audit.SYSTEM_NAME))
+
+
+@task_postrun.connect
+def _audit_context_end(task_id: str = "", **_: object) -> None:
+    from apps.core import audit
+
+    token = _audit_tokens.pop(task_id, None)
+    if token is not None:
+        audit.leave(token)

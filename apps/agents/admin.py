@@ -56,7 +56,9 @@ class AgentAdmin(ReadOnly):
     def revoke_credentials(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
         for state in queryset.select_related("record"):
             access.require(request.user, "update", "agents", state.record.namespace)
-            services.agent_credentials_revoke(record=state.record, reason=f"revoked by {request.user}")
+            services.agent_credentials_revoke(
+                record=state.record, reason=f"revoked by {request.user}", actor=request.user
+            )
         messages.success(request, f"revoked the credentials of {queryset.count()} agent(s)")
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:

@@ -6,6 +6,7 @@ from rest_framework.routers import APIRootView, DefaultRouter
 from apps.accounts.api.views import OwnTokenViewSet, ServiceAccountViewSet
 from apps.agents.api.views import AgentViewSet
 from apps.api.access_views import BindingViewSet, NamespaceViewSet, RoleViewSet
+from apps.api.audit_views import AuditViewSet
 from apps.api.views import WhoAmI
 from apps.artifacts.api.views import ArtifactViewSet
 from apps.pipelines.api.stands import StandViewSet
@@ -36,5 +37,6 @@ router.register("roles", RoleViewSet, basename="role")
 router.register("rolebindings", BindingViewSet, basename="rolebinding")
 router.register("accounts", ServiceAccountViewSet, basename="account")
 router.register("tokens", OwnTokenViewSet, basename="token")
+router.register("audit", AuditViewSet, basename="audit")
 
 urlpatterns = [path("whoami/", WhoAmI.as_view(), name="whoami"), *router.urls]

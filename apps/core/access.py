@@ -87,6 +87,8 @@ BUILTIN_ROLES: Final[dict[str, dict[str, Any]]] = {
             {"verbs": ["read_secret_names"], "resources": ["secrets"]},
         ],
     },
+    # Not the audit trail: its rows name secrets, accounts and role bindings, none of which a
+    # viewer may read (an admin binds a custom role with list audit for an auditor).
     "viewer": {
         "description": "read records, runs, pipelines, stands, agents and artifacts; change nothing",
         "rules": [{"verbs": _READ, "resources": _WORKLOADS}],

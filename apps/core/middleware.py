@@ -59,3 +59,29 @@ class DatabaseBusyMiddleware:
             response = HttpResponse(f"Service unavailable: {detail}\n", status=503, content_type="text/plain")
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response
+
+
+class AuditContextMiddleware:
+    """Every HTTP request (the REST API and the Studio) gets a request id, returned as
+    ``X-Request-Id`` (a well-formed one the caller sent is kept, so that a proxy's or a
+    client's logs meet the audit trail), and the audit context: rows its writes leave carry
+    the id and, when a service names no actor, the request's user. The user is read when a row
+    is written: DRF authenticates a token inside the view, after this middleware ran."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        from apps.core import audit
+
+        request_id = audit.request_id_accept(request.headers.get(audit.REQUEST_ID_HEADER))
+        request.request_id = request_id  # type: ignore[attr-defined]  # for views and logs
+
+        def requester() -> audit.Who | None:
+            user = getattr(request, "user", None)
+            return audit.who_user(user) if user is not None and user.is_authenticated else None
+
+        with audit.acting(requester, request_id=request_id):
+            response = self.get_response(request)
+        response[audit.REQUEST_ID_HEADER] = request_id
+        return response

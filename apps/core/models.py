@@ -75,3 +75,63 @@ class RoleBinding(models.Model):
     def __str__(self) -> str:
         subject = f"user {self.user_id}" if self.user_id else f"group {self.group_id}"
         return f"{subject} is {self.role_id} in {self.namespace}"
+
+
+class AuditActorKind(models.TextChoices):
+    """Who made a change."""
+
+    # A person or a service account (service accounts are users), signed in through REST or the Studio.
+    USER = "user"
+    # A pipeline run's code (its declarations, deletions, hand-overs, commands).
+    RUN = "run"
+    # An agent, for what it reports about its machine.
+    AGENT = "agent"
+    # Graphene itself: beat's periodic tasks (TTL expiry, sweeps), the reconciler, housekeeping.
+    SYSTEM = "system"
+
+
+class AuditEntry(models.Model):
+    """One write, as the audit trail keeps it: who, what, on which object, in which namespace,
+    under which request, and digests of the object before and after (never values of secrets).
+
+    Append-only: on PostgreSQL a trigger refuses every UPDATE, and every DELETE but the
+    retention task's (migration ``0003_audit_trail``). No foreign keys on purpose: deleting a
+    user, a record or a namespace must neither cascade into the trail nor update it (an
+    ``ON DELETE SET NULL`` would be an UPDATE, which the trigger refuses); names and ids are
+    copied in as they were.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    created_at = models.DateTimeField()
+    actor_kind = models.CharField(max_length=8, choices=AuditActorKind.choices)
+    # The user's primary key, the run's or the agent's record id; empty for the system.
+    actor_id = models.CharField(max_length=64, blank=True)
+    # The username, "pipeline#n", the agent's name, or what in Graphene acted ("records-expire").
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=40)  # "record.create", "run.cancel", "secret.set", ...
+    resource = models.CharField(max_length=20)  # the access module's resource: records, runs, ...
+    object_id = models.CharField(max_length=64)
+    object_name = models.CharField(max_length=253, blank=True)
+    # The object's namespace; "*" for installation-wide objects (namespaces, roles, bindings in *).
+    namespace = models.CharField(max_length=63)
+    # The HTTP request that made the change (X-Request-Id); empty outside a request.
+    request_id = models.CharField(max_length=64, blank=True)
+    # sha256 of a canonical JSON of the object's fields that matter; null where there is no
+    # object: before a create, after a delete ("" would read as a digest of something).
+    before_digest = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - see above
+    after_digest = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - see above
+    # A little context that is not a secret: a reason, an owner, how many records a delete covers.
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            # Newest first (the API's cursor pages, the Studio's list) and the retention's range.
+            models.Index(fields=["created_at", "id"], name="audit_created"),
+            # An object's history (the record inspector's and the run page's link, ?object=).
+            models.Index(fields=["object_id", "created_at"], name="audit_object"),
+            # One request's rows (?request_id=); rows written outside a request are not in it.
+            models.Index(fields=["request_id"], name="audit_request", condition=~models.Q(request_id="")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_kind}:{self.actor_name} {self.action} {self.object_id}"

@@ -13,11 +13,60 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
-from apps.core import access
+from apps.core import access, audit
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.core.models import Namespace, Role, RoleBinding
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def _audit(
+    action: str,
+    resource: str,
+    object_id: Any,
+    object_name: str,
+    *,
+    actor: Any,
+    namespace: str = audit.EVERYWHERE,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    **detail: Any,
+) -> None:
+    """The audit row of a change to who may do what (namespaces and roles are installation-wide:
+    their rows are in ``*``; a binding's are in its namespace)."""
+    audit.audit_write(
+        action=action,
+        resource=resource,
+        object_id=object_id,
+        object_name=object_name,
+        namespace=namespace,
+        before=before,
+        after=after,
+        detail=detail,
+        actor=actor,
+    )
+
+
+def _namespace(namespace: Namespace) -> dict[str, Any]:
+    return {"name": namespace.name, "description": namespace.description}
+
+
+def _role(role: Role) -> dict[str, Any]:
+    return {"name": role.name, "description": role.description, "rules": role.rules}
+
+
+def _binding(binding: RoleBinding) -> dict[str, Any]:
+    return {
+        "role": binding.role.name,
+        "namespace": binding.namespace,
+        "user": binding.user.get_username() if binding.user is not None else None,
+        "group": binding.group.name if binding.group is not None else None,
+    }
+
+
+def _binding_name(binding: RoleBinding) -> str:
+    subject = f"user {binding.user.get_username()}" if binding.user is not None else f"group {binding.group}"
+    return f"{binding.role.name} for {subject}"
 
 
 def _check_name(name: str, *, field: str, noun: str) -> None:
@@ -36,7 +85,11 @@ def namespace_create(*, name: str, description: str = "", actor: Any) -> Namespa
     _check_name(name, field="name", noun="namespace")
     if Namespace.objects.filter(name=name).exists():
         raise Conflict(f"namespace {name!r} already exists")
-    return Namespace.objects.create(name=name, description=description, created_by=actor if actor is not None else None)
+    namespace = Namespace.objects.create(
+        name=name, description=description, created_by=actor if actor is not None else None
+    )
+    _audit("namespace.create", "namespaces", namespace.pk, name, actor=actor, after=_namespace(namespace))
+    return namespace
 
 
 @transaction.atomic
@@ -59,7 +112,18 @@ def namespace_delete(*, name: str, actor: Any) -> None:
             left.append(f"{count} {model._meta.verbose_name_plural}")
     if left:
         raise Conflict(f"namespace {name!r} still holds {', '.join(left)}; delete them first")
-    RoleBinding.objects.filter(namespace=name).delete()
+    bindings = RoleBinding.objects.filter(namespace=name)
+    unbound = sorted(bindings.values_list("pk", flat=True))
+    _audit(
+        "namespace.delete",
+        "namespaces",
+        namespace.pk,
+        name,
+        actor=actor,
+        before=_namespace(namespace),
+        bindings_deleted=unbound,
+    )
+    bindings.delete()
     namespace.delete()
     access.namespace_forget(name)
 
@@ -96,7 +160,9 @@ def role_create(*, name: str, rules: Any, description: str = "", actor: Any) -> 
     clean = _check_rules(rules)
     if Role.objects.filter(name=name).exists():
         raise Conflict(f"role {name!r} already exists")
-    return Role.objects.create(name=name, rules=clean, description=description)
+    role = Role.objects.create(name=name, rules=clean, description=description)
+    _audit("role.create", "roles", role.pk, name, actor=actor, after=_role(role))
+    return role
 
 
 @transaction.atomic
@@ -109,6 +175,7 @@ def role_delete(*, name: str, actor: Any) -> None:
         raise Conflict(f"role {name!r} is built in; it cannot be deleted")
     if role.bindings.exists():
         raise Conflict(f"role {name!r} is bound {role.bindings.count()} time(s); unbind it first")
+    _audit("role.delete", "roles", role.pk, name, actor=actor, before=_role(role))
     role.delete()
 
 
@@ -155,6 +222,16 @@ def role_bind(
     except IntegrityError:  # a concurrent identical bind won
         binding = RoleBinding.objects.get(role=found_role, namespace=namespace, user=subject_user, group=subject_group)
         created = False
+    if created:  # binding again changes nothing, and is no row
+        _audit(
+            "rolebinding.create",
+            "rolebindings",
+            binding.pk,
+            _binding_name(binding),
+            namespace=namespace,
+            actor=actor,
+            after=_binding(binding),
+        )
     return binding, created
 
 
@@ -165,5 +242,14 @@ def role_unbind(*, binding_id: int, actor: Any) -> None:
         raise NotFound(f"no role binding {binding_id}")
     access.require_actor(
         actor, "delete", "rolebindings", None if binding.namespace == access.EVERY_NAMESPACE else binding.namespace
+    )
+    _audit(
+        "rolebinding.delete",
+        "rolebindings",
+        binding.pk,
+        _binding_name(binding),
+        namespace=binding.namespace,
+        actor=actor,
+        before=_binding(binding),
     )
     binding.delete()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -12,7 +13,7 @@ from django.db.models import Model, QuerySet
 
 from apps.core import access
 from apps.core.errors import NotFound
-from apps.core.models import Namespace, Role, RoleBinding
+from apps.core.models import AuditEntry, Namespace, Role, RoleBinding
 from apps.core.tls import CA_FILE, ca_file_read
 
 M = TypeVar("M", bound=Model)
@@ -68,6 +69,46 @@ def binding_list(*, user: Any, namespace: str | None = None, subject: str | None
     if subject:
         qs = qs.filter(user__username=subject)
     return qs
+
+
+def audit_list(
+    *,
+    user: Any,
+    namespace: str | None = None,
+    actor: str | None = None,
+    actor_kind: str | None = None,
+    action: str | None = None,
+    object_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    request_id: str | None = None,
+) -> QuerySet[AuditEntry]:
+    """The audit rows ``user`` may list (``list audit`` in their namespaces; the rows of
+    installation-wide objects, in ``*``, only with a binding in ``*``), filtered:
+
+    ``actor`` matches the actor's name or id (a username, ``pipeline#n``, a run's or an agent's
+    id); ``action`` is one action (``record.create``) or, without a dot, a family
+    (``secret``: every ``secret.*``); ``since`` inclusive, ``until`` exclusive."""
+    from django.db.models import Q
+
+    qs = access.scope(AuditEntry.objects.all(), user, "list", "audit")
+    if namespace:
+        qs = qs.filter(namespace=namespace)
+    if actor:
+        qs = qs.filter(Q(actor_name=actor) | Q(actor_id=actor))
+    if actor_kind:
+        qs = qs.filter(actor_kind=actor_kind)
+    if action:
+        qs = qs.filter(action=action) if "." in action else qs.filter(action__startswith=f"{action}.")
+    if object_id:
+        qs = qs.filter(object_id=object_id)
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    if until is not None:
+        qs = qs.filter(created_at__lt=until)
+    if request_id:
+        qs = qs.filter(request_id=request_id)
+    return qs.order_by("-created_at", "-id")
 
 
 def tls_ca_pem() -> str | None:

@@ -8,6 +8,7 @@ server, and its result must not be written anywhere.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -16,6 +17,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from graphene_sdk._secrets import SECRET_REF_KEY, secret_name_error, secret_ref_name
 
+from apps.core import audit
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.secrets import crypto
 from apps.secrets.models import Secret
@@ -36,6 +38,32 @@ class SecretNotFound(NotFound):
 
 def _actor_id(actor: Actor) -> Any:
     return actor.pk if actor is not None and actor.is_authenticated else None
+
+
+def _audited(secret: Secret) -> dict[str, Any]:
+    """What the audit trail's digests cover of a secret: its metadata, never its value or
+    ciphertext (a digest of a short value could be guessed back)."""
+    return {
+        "id": secret.pk,
+        "namespace": secret.namespace,
+        "name": secret.name,
+        "key_id": secret.key_id,
+        "updated_at": secret.updated_at,
+        "updated_by": secret.updated_by_id,
+    }
+
+
+def _audit(action: str, secret: Secret, *, actor: Actor, before: Secret | None, after: Secret | None) -> None:
+    audit.audit_write(
+        action=action,
+        resource="secrets",
+        object_id=secret.pk,
+        object_name=secret.name,
+        namespace=secret.namespace,
+        before=_audited(before) if before is not None else None,
+        after=_audited(after) if after is not None else None,
+        actor=actor,
+    )
 
 
 def secret_name_validate(name: Any) -> str:
@@ -81,6 +109,7 @@ def secret_create(*, name: str, value: str, namespace: str = DEFAULT_NAMESPACE, 
                 created_by_id=_actor_id(actor),
                 updated_by_id=_actor_id(actor),
             )
+            _audit("secret.create", secret, actor=actor, before=None, after=secret)
     except IntegrityError:
         raise Conflict(
             f"secret {name!r} already exists; replace its value with PUT /api/v1/secrets/{name}/",
@@ -101,10 +130,12 @@ def secret_set(
         with transaction.atomic():
             secret = Secret.objects.select_for_update().filter(namespace=namespace, name=name).first()
             if secret is not None:
+                before = copy.copy(secret)
                 secret.ciphertext = ciphertext
                 secret.key_id = key_id
                 secret.updated_by_id = _actor_id(actor)
                 secret.save(update_fields=["ciphertext", "key_id", "updated_by", "updated_at"])
+                _audit("secret.set", secret, actor=actor, before=before, after=secret)
                 logger.info("secret %s/%s replaced by %s", namespace, name, _actor_id(actor))
                 return secret, False
         try:
@@ -116,9 +147,12 @@ def secret_set(
 
 def secret_delete(*, name: str, namespace: str = DEFAULT_NAMESPACE, actor: Actor = None) -> None:
     """Delete a secret. Pipelines that still name it fail at their next use, saying so."""
-    deleted, _ = Secret.objects.filter(namespace=namespace, name=name).delete()
-    if not deleted:
-        raise SecretNotFound(f"no secret {name!r}")
+    with transaction.atomic():
+        secret = Secret.objects.select_for_update().filter(namespace=namespace, name=name).first()
+        if secret is None:
+            raise SecretNotFound(f"no secret {name!r}")
+        _audit("secret.delete", secret, actor=actor, before=secret, after=None)
+        secret.delete()
     logger.info("secret %s/%s deleted by %s", namespace, name, _actor_id(actor))
 
 

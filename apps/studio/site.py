@@ -33,7 +33,7 @@ class StudioSite(admin.AdminSite):
         return bool(user.is_staff or grants.superuser or grants.everywhere or grants.by_namespace)
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
-        from apps.studio.views import agents, artifacts, pipelines, runs, stands, topology
+        from apps.studio.views import agents, artifacts, audit, pipelines, runs, stands, topology
 
         def page(route: str, view: Any, name: str, verb: str, resource: str) -> URLPattern:
             """A Studio page reachable by whoever may ``verb`` ``resource`` in some namespace;
@@ -60,6 +60,7 @@ class StudioSite(admin.AdminSite):
             page("artifacts/<uuid:artifact_id>/", artifacts.artifact_detail, "studio_artifact", "get", "artifacts"),
             page("topology/runs/<uuid:run_id>/", topology.run_topology, "studio_run_topology", "get", "runs"),
             page("topology/stands/<str:pipeline>/", topology.stand_topology, "studio_stand_topology", "get", "stands"),
+            page("audit/", audit.audit_list, "studio_audit", "list", "audit"),
         ]
         return [*studio, *super().get_urls()]
 

@@ -13,6 +13,7 @@ from graphenectl._cmd_access import namespace_app, role_app
 from graphenectl._cmd_account import account_app, token_app
 from graphenectl._cmd_agent import agent_app
 from graphenectl._cmd_artifact import artifact_app
+from graphenectl._cmd_audit import audit
 from graphenectl._cmd_auth import ctx_app, login, whoami
 from graphenectl._cmd_observe import metrics, trace
 from graphenectl._cmd_read import describe, events, get, logs, tree
@@ -26,8 +27,8 @@ from graphenectl._session import session
 HELP = """Operate Graphene from the shell: records, runs, pipelines and stands.
 
 Log in once with `graphenectl login --server URL --token-stdin`, then look with `get`, `describe`, \
-`tree`, `events`, `logs`, `metrics` and `trace`; change records with `apply`, `delete`, `transfer`, \
-`extend` and `release`; \
+`tree`, `events`, `logs`, `metrics` and `trace`, and at who changed what with `audit`; change records \
+with `apply`, `delete`, `transfer`, `extend` and `release`; \
 drive runs with `run start|watch|result|cancel|resume|list`; move files with `artifact get|put`; \
 enroll a machine with `agent create` and open a terminal on it with `agent shell`; keep secrets \
 with `secret set|list`. Who may do what where: `namespace`, `role` (and `role bind`); your API \
@@ -95,6 +96,7 @@ app.command(rich_help_panel=LOOK)(events)
 app.command(rich_help_panel=LOOK)(logs)
 app.command(rich_help_panel=LOOK)(metrics)
 app.command(rich_help_panel=LOOK)(trace)
+app.command(rich_help_panel=LOOK)(audit)
 app.command(rich_help_panel=CHANGE)(apply)
 app.command(rich_help_panel=CHANGE)(delete)
 app.command(rich_help_panel=CHANGE)(transfer)

@@ -84,6 +84,9 @@ MIDDLEWARE = [
     # First: the security headers and the Content-Security-Policy on every answer, the ones the
     # next middleware rewrites included (apps/core/security.py).
     "apps.core.security.SecurityHeadersMiddleware",
+    # A request id for every request (X-Request-Id on every answer) and the audit context: who
+    # acts, under which request (apps/core/audit.py).
+    "apps.core.middleware.AuditContextMiddleware",
     # Refuses a path or query PostgreSQL cannot store, and gives every error under /api/ the
     # API's JSON shape, whatever made it (apps/api/middleware.py).
     "apps.api.middleware.ApiDoorMiddleware",
@@ -361,6 +364,18 @@ GRAPHENE_PIPELINE_DIRS = env.csv("GRAPHENE_PIPELINE_DIRS", [str(BASE_DIR / "exam
 # A worker executing a run renews its lease every third of this; a dead worker's run is
 # resumed elsewhere once it expires.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
+
+# --- Audit trail (apps/core/audit.py, docs/audit.md) ---------------------------------------
+# How long audit rows are kept; the retention task deletes older ones once an hour, in batches.
+GRAPHENE_AUDIT_RETENTION_DAYS = env.integer("GRAPHENE_AUDIT_RETENTION_DAYS", 365)
+if GRAPHENE_AUDIT_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured(
+        f"GRAPHENE_AUDIT_RETENTION_DAYS={GRAPHENE_AUDIT_RETENTION_DAYS}: keep the audit trail at least 1 day"
+    )
+CELERY_BEAT_SCHEDULE["audit-prune"] = {
+    "task": "apps.core.tasks.audit_prune_task",
+    "schedule": schedule(timedelta(hours=1)),
+}
 
 # --- Observability (apps.observability: /metrics, per-record series, traces) ----------------
 # /metrics answers without a token (a scraper on a private network); off by default.

@@ -248,6 +248,7 @@ def _routes(p: Place) -> list[tuple[str, str, Any]]:
         ("POST", "/api/v1/tokens/", {"comment": "mine"}),
         ("GET", f"/api/v1/tokens/{p.account_token}/", None),
         ("DELETE", f"/api/v1/tokens/{p.account_token}/", None),
+        ("GET", f"/api/v1/audit/?namespace={p.namespace}", None),
     ]
 
 
@@ -306,8 +307,9 @@ def test_a_viewer_reads_and_cannot_write(places: dict[str, Place], django_user_m
             expected = {200} if path == "/api/v1/tokens/" and method == "GET" else {201} if method == "POST" else {404}
             assert response.status_code in expected, (method, path, response.status_code, response.content[:200])
         elif method == "GET":
-            # A viewer does not even read secrets' names or accounts; the sweeper's findings span every namespace.
-            refused = "/secrets/" in path or "/orphans/" in path or "/accounts/" in path
+            # A viewer does not even read secrets' names or accounts; the sweeper's findings span
+            # every namespace; the audit trail names secrets and accounts (docs/audit.md).
+            refused = "/secrets/" in path or "/orphans/" in path or "/accounts/" in path or "/audit/" in path
             expected = {403} if refused else {200}
             assert response.status_code in expected, (path, response.status_code, response.content[:200])
         else:

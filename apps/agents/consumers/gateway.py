@@ -19,8 +19,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
@@ -30,12 +31,14 @@ from django.utils import timezone
 from graphene_agent import protocol
 
 from apps.agents import services
-from apps.core import validation
+from apps.core import audit, validation
 from apps.core.errors import ValidationFailed
 
 logger = logging.getLogger(__name__)
 
 AUTH_TIMEOUT_SECONDS = 10.0
+
+T = TypeVar("T")
 
 
 class ProtocolError(Exception):
@@ -51,6 +54,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
 
     async def connect(self) -> None:
         self.record_id = None
+        self.who: audit.Who | None = None
         self.session = None
         self.group: str | None = None
         self.cancels_sent: set[str] = set()
@@ -90,9 +94,20 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.record_id is not None and self.session is not None:
             try:
-                await database_sync_to_async(services.agent_disconnect)(record_id=self.record_id, session=self.session)
+                await self._as_agent(services.agent_disconnect)(record_id=self.record_id, session=self.session)
             except Exception:  # the heartbeat sweep ends the connection's record later
                 logger.exception("could not record the disconnect of agent %s", self.record_id)
+
+    def _as_agent(self, fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+        """``fn`` on a database thread, in the audit context of this connection's agent: what
+        the agent reports is written by the agent (a user's terminal names its user)."""
+        who = self.who
+
+        def call(**kwargs: Any) -> T:
+            with audit.acting(who):
+                return fn(**kwargs)
+
+        return database_sync_to_async(call)
 
     async def send_json(self, message: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(message))
@@ -135,16 +150,14 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             await self._hello(message)
             return
         if kind == "heartbeat":
-            if not await database_sync_to_async(services.agent_heartbeat)(
-                record_id=self.record_id, session=self.session
-            ):
+            if not await self._as_agent(services.agent_heartbeat)(record_id=self.record_id, session=self.session):
                 await self.close(code=protocol.CLOSE_SUPERSEDED, reason="superseded by a newer connection")
                 return
             await self._deliver(everything=False)
         elif kind == "accepted":
-            await database_sync_to_async(services.command_accepted)(record_id=self.record_id, command_id=message["id"])
+            await self._as_agent(services.command_accepted)(record_id=self.record_id, command_id=message["id"])
         elif kind == "output":
-            seq = await database_sync_to_async(services.command_output)(
+            seq = await self._as_agent(services.command_output)(
                 record_id=self.record_id,
                 command_id=str(message["id"]),
                 seq=int(message["seq"]),
@@ -153,7 +166,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             )
             await self.send_json({"type": "ack", "id": message["id"], "seq": seq})
         elif kind == "result":
-            await database_sync_to_async(services.command_finish)(
+            await self._as_agent(services.command_finish)(
                 record_id=self.record_id, command_id=str(message["id"]), result=message
             )
             self.cancels_sent.discard(str(message["id"]))
@@ -172,6 +185,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             peer=self._peer(),
         )
         self.record_id = outcome.record_id
+        self.who = audit.who_agent(outcome.record_id, outcome.name)
         self.auth_timer.cancel()
         if outcome.expires_at is not None:
             self.expiry_timer = asyncio.ensure_future(self._expire_at(outcome.expires_at))
@@ -198,7 +212,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         except ValidationFailed as exc:
             raise ProtocolError(exc.detail) from None
         session = uuid.uuid4()
-        previous = await database_sync_to_async(services.agent_connect)(
+        previous = await self._as_agent(services.agent_connect)(
             record_id=self.record_id,
             session=session,
             channel_name=self.channel_name,
@@ -218,7 +232,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         assert self.record_id is not None
         assert self.session is not None
         async with self.deliver_lock:
-            messages = await database_sync_to_async(services.commands_deliver)(
+            messages = await self._as_agent(services.commands_deliver)(
                 record_id=self.record_id, session=self.session, everything=everything
             )
             for message in messages:
@@ -317,7 +331,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             pty["started"] = time.monotonic()
             argv = [str(a) for a in message.get("argv") or []]
             try:
-                await database_sync_to_async(services.terminal_opened)(
+                await self._as_agent(services.terminal_opened)(
                     record_id=self.record_id,
                     session=session,
                     user_id=pty["user_id"],
@@ -356,7 +370,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         signal = int(signal) if signal is not None else None
         if record:
             try:
-                await database_sync_to_async(services.terminal_closed)(
+                await self._as_agent(services.terminal_closed)(
                     record_id=self.record_id,
                     session=session,
                     user_id=pty["user_id"],

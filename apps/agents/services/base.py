@@ -9,6 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from apps.core import audit
 from apps.core.errors import GrapheneError, ValidationFailed
 from apps.records import services as records
 from apps.records.choices import Phase
@@ -44,6 +45,32 @@ def _now() -> datetime:
 
 def _record_event(record_id: Any, type: str, *, reason: str, message: str, data: dict[str, Any] | None = None) -> None:
     records.record_event_write(record_id, type, reason=reason, message=message, data=data)
+
+
+def _audit(
+    action: str,
+    agent: Record,
+    *,
+    actor: Any,
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
+    object_id: Any = None,
+    object_name: str = "",
+    **detail: Any,
+) -> None:
+    """The audit row of a write to an agent (or, with ``object_id``, to one of its commands),
+    in the caller's transaction."""
+    audit.audit_write(
+        action=action,
+        resource="agents",
+        object_id=object_id if object_id is not None else agent.pk,
+        object_name=object_name or agent.name,
+        namespace=agent.namespace,
+        before=before,
+        after=after,
+        detail=detail,
+        actor=actor,
+    )
 
 
 def _set_condition(

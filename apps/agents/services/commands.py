@@ -24,7 +24,7 @@ from graphene_sdk._secrets import secret_ref_name
 
 from apps.agents.choices import IN_FLIGHT, OPEN, TERMINAL, TRANSITIONS, CommandKind, CommandStatus, Guarantee
 from apps.agents.models import Agent, AgentCommand, AgentToken
-from apps.agents.services.base import AGENT_KIND, IllegalCommandTransition, _fail, _now, agent_group
+from apps.agents.services.base import AGENT_KIND, IllegalCommandTransition, _audit, _fail, _now, agent_group
 from apps.agents.services.payloads import command_payload_validate
 from apps.core import access, domain
 from apps.core.errors import Conflict, GrapheneError
@@ -138,24 +138,64 @@ def command_submit(
             requested_by_id=actor.pk if actor is not None and actor.is_authenticated else None,
             created_at=_now(),
         )
+        if waiting_record is None:
+            # A kind's own operation on the machine (for a record's convergence or deletion) is
+            # covered by that record's rows; what a user or a run asks for is a row of its own.
+            _audit(
+                "agent.command_submit",
+                agent,
+                actor=actor,
+                after=_command_audited(command),
+                object_id=command.pk,
+                object_name=f"{agent.name}: {kind}",
+                on_agent=agent.pk,
+                kind=kind,
+            )
         publish_on_commit(agent_group(agent.pk), {"event": "agent.commands"})
     return command
+
+
+def _command_audited(command: AgentCommand) -> dict[str, Any]:
+    """What the audit trail's digests cover of a command: not its payload, which may carry an
+    environment's values (or, sealed, a secret's)."""
+    return {
+        "id": command.pk,
+        "agent": command.agent_id,
+        "kind": command.kind,
+        "guarantee": command.guarantee,
+        "operation": command.operation,
+        "status": command.status,
+        "cancel_requested_at": command.cancel_requested_at,
+    }
 
 
 def command_cancel(*, command: AgentCommand, actor: records.Actor = None) -> AgentCommand:
     """Cancel: a queued command never goes out; a sent or running one is killed on the agent."""
     access.require_actor(actor, "exec", "agents", command.agent.namespace)
+    agent = command.agent
     with transaction.atomic():
         command = AgentCommand.objects.select_for_update(no_key=True).get(pk=command.pk)
         if command.status in TERMINAL:
             return command
+        before = _command_audited(command)
         if command.status == CommandStatus.QUEUED:
             _command_finish_row(command, CommandStatus.CANCELLED, error="cancelled before it was sent")
-            return command
-        if command.cancel_requested_at is None:
-            command.cancel_requested_at = _now()
-            AgentCommand.objects.filter(pk=command.pk).update(cancel_requested_at=command.cancel_requested_at)
-        publish_on_commit(agent_group(command.agent_id), {"event": "agent.commands"})
+        else:
+            if command.cancel_requested_at is None:
+                command.cancel_requested_at = _now()
+                AgentCommand.objects.filter(pk=command.pk).update(cancel_requested_at=command.cancel_requested_at)
+            publish_on_commit(agent_group(command.agent_id), {"event": "agent.commands"})
+        if command.waiting_record_id is None:  # as at its submit: a kind's own is not a row
+            _audit(
+                "agent.command_cancel",
+                agent,
+                actor=actor,
+                before=before,
+                after=_command_audited(command),
+                object_id=command.pk,
+                object_name=f"{agent.name}: {command.kind}",
+                on_agent=agent.pk,
+            )
     return command
 
 

@@ -22,7 +22,7 @@ from django.db import transaction
 from graphene_agent import protocol
 
 from apps.agents.models import Agent
-from apps.agents.services.base import AgentRefused, _now, _retired, _set_condition
+from apps.agents.services.base import AgentRefused, _audit, _now, _retired, _set_condition
 from apps.agents.services.commands import _commands_vanished
 from apps.core.events import publish_on_commit
 from apps.records import services as records
@@ -66,6 +66,17 @@ def agent_connect(
             lost_at=None,
         )
         outputs = {"facts": facts, "version": version, "instance": instance}
+        previous_outputs = record.outputs or {}
+        _audit(
+            "agent.connect",
+            record,
+            actor=None,  # the gateway's context: the agent
+            before={key: previous_outputs.get(key) for key in outputs} if previous_outputs else None,
+            after=outputs,
+            peer=peer[:100],
+            version=version[:40],
+            instance=instance[:64],
+        )
         conditions = _set_condition(
             record.conditions, "Connected", True, reason="Connected", message=f"connected from {peer or 'unknown'}"
         )

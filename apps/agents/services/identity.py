@@ -26,8 +26,17 @@ from graphene_agent import protocol
 
 from apps.agents.choices import TokenKind
 from apps.agents.models import Agent, AgentToken
-from apps.agents.services.base import AGENT_KIND, AgentRefused, _now, _record_event, _retired, agent_group
+from apps.agents.services.base import (
+    AGENT_KIND,
+    AgentRefused,
+    _audit,
+    _now,
+    _record_event,
+    _retired,
+    agent_group,
+)
 from apps.agents.services.capabilities import needs_clean
+from apps.core import audit
 from apps.core.errors import Conflict, ValidationFailed
 from apps.core.events import publish_on_commit
 from apps.core.selectors import tls_ca_pem
@@ -47,6 +56,7 @@ class Authenticated:
     credential: str | None  # only when a bootstrap token was exchanged
     # When the credential the connection rests on expires: the gateway closes it then.
     expires_at: datetime | None = None
+    name: str = ""  # the agent record's name (the audit trail's name of the agent)
 
 
 class AgentInstall(NamedTuple):
@@ -99,7 +109,7 @@ def agent_declare(
     bundle = agent_bundle()  # built before the transaction: file work, not database work
     with transaction.atomic():
         record = agent_record_declare(owner=owner, name=name, labels=labels, actor=actor, needs=needs)
-        token = agent_bootstrap_issue(record=record, ttl=bootstrap_ttl)
+        token = agent_bootstrap_issue(record=record, ttl=bootstrap_ttl, actor=actor)
     script = agent_install_script(record=record, bootstrap_token=token, server_url=server_url, pyz_sha256=bundle.sha256)
     return AgentInstall(record=record, bootstrap_token=token, install_script=script)
 
@@ -180,8 +190,9 @@ def agent_record_declare(
     return record
 
 
-def agent_bootstrap_issue(*, record: Record, ttl: timedelta | None = None) -> str:
-    """A new single-use bootstrap token for ``record`` (returned once; only its digest is kept)."""
+def agent_bootstrap_issue(*, record: Record, ttl: timedelta | None = None, actor: records.Actor = None) -> str:
+    """A new single-use bootstrap token for ``record`` (returned once; only its digest is kept);
+    an ``agent.enroll`` row in the audit trail."""
     if record.kind != AGENT_KIND:
         raise ValidationFailed(f"{record} is not an agent record", fields={"record": ["must be of kind agent"]})
     if record.phase == Phase.DELETED or record.deletion_requested_at is not None:
@@ -190,7 +201,23 @@ def agent_bootstrap_issue(*, record: Record, ttl: timedelta | None = None) -> st
     if ttl <= timedelta(0):
         raise ValidationFailed("the bootstrap token's lifetime must be positive", fields={"bootstrap_ttl": ["> 0"]})
     now = _now()
-    return _token_create(record, TokenKind.BOOTSTRAP, BOOTSTRAP_PREFIX, now=now, expires_at=now + ttl)
+    with transaction.atomic():
+        token = _token_create(record, TokenKind.BOOTSTRAP, BOOTSTRAP_PREFIX, now=now, expires_at=now + ttl)
+        # The token is never in the row: only that one was issued, and until when.
+        _audit("agent.enroll", record, actor=actor, after=_audited(record), expires_at=now + ttl)
+    return token
+
+
+def _audited(record: Record) -> dict[str, Any]:
+    """What the audit trail's digests cover of an agent: its identity and declaration (never a token)."""
+    return {
+        "id": record.pk,
+        "name": record.name,
+        "namespace": record.namespace,
+        "owner": record.parent_id,
+        "labels": record.labels,
+        "spec": record.spec,
+    }
 
 
 def agent_server_ca(*, server_url: str) -> str:
@@ -247,12 +274,21 @@ def agent_install_script(
     )
 
 
-def agent_credentials_revoke(*, record: Record, reason: str = "revoked") -> int:
+def agent_credentials_revoke(*, record: Record, reason: str = "revoked", actor: records.Actor = None) -> int:
     """Revoke every token of the agent and close its connection; it needs a new bootstrap."""
     now = _now()
     with transaction.atomic():
-        count = AgentToken.objects.filter(agent=record, revoked_at__isnull=True).update(
-            revoked_at=now, revoked_reason=reason[:120]
+        live = AgentToken.objects.filter(agent=record, revoked_at__isnull=True)
+        before = {"agent": record.pk, "live_tokens": sorted(live.values_list("pk", flat=True))}
+        count = live.update(revoked_at=now, revoked_reason=reason[:120])
+        _audit(
+            "agent.credentials_revoke",
+            record,
+            actor=actor,
+            before=before,
+            after={"agent": record.pk, "live_tokens": []},
+            revoked=count,
+            reason=reason[:120],
         )
         _record_event(
             record.pk, EventType.ERROR, reason="CredentialsRevoked", message=f"{count} token(s) revoked: {reason}"
@@ -339,7 +375,7 @@ def _authenticate(
         return refuse(protocol.CLOSE_REFUSED, f"{kind.title()}Expired", f"the {noun} expired at {token.expires_at}")
     if kind == TokenKind.CREDENTIAL:
         AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        return Authenticated(record_id=record.pk, credential=None, expires_at=token.expires_at)
+        return Authenticated(record_id=record.pk, credential=None, expires_at=token.expires_at, name=record.name)
     if token.used_at is not None:
         return refuse(
             protocol.CLOSE_REFUSED,
@@ -347,14 +383,23 @@ def _authenticate(
             f"the bootstrap token was already exchanged at {token.used_at.isoformat()}; it is single-use",
         )
     # The exchange: this enrollment replaces any earlier one (a re-installed machine).
+    live = AgentToken.objects.filter(agent=record, revoked_at__isnull=True)
+    before = {"agent": record.pk, "live_tokens": sorted(live.values_list("pk", flat=True))}
     AgentToken.objects.filter(pk=token.pk).update(used_at=now, last_used_at=now)
-    AgentToken.objects.filter(agent=record, revoked_at__isnull=True).exclude(pk=token.pk).update(
-        revoked_at=now, revoked_reason="replaced by a new enrollment"
-    )
+    live.exclude(pk=token.pk).update(revoked_at=now, revoked_reason="replaced by a new enrollment")
     days = settings.GRAPHENE_AGENT_CREDENTIAL_TTL_DAYS
     expires_at = now + timedelta(days=days) if days > 0 else None
     issued = _token_create(record, TokenKind.CREDENTIAL, CREDENTIAL_PREFIX, now=now, expires_at=expires_at)
-    return Authenticated(record_id=record.pk, credential=issued, expires_at=expires_at)
+    _audit(
+        "agent.bootstrap",
+        record,
+        actor=audit.who_agent(record.pk, record.name),  # the agent, proving who it is right now
+        before=before,
+        after={"agent": record.pk, "live_tokens": sorted(live.values_list("pk", flat=True))},
+        peer=peer,
+        credential_expires_at=expires_at,
+    )
+    return Authenticated(record_id=record.pk, credential=issued, expires_at=expires_at, name=record.name)
 
 
 def agent_credential_expired(*, record_id: Any, expires_at: datetime) -> str:

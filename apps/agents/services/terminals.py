@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
+
+from apps.agents.services.base import _audit
+from apps.core import audit
+from apps.core.models import AuditActorKind
 from apps.records import services as records
 from apps.records.choices import EventType
+from apps.records.models import Record
 
 
 def _user(user_id: Any) -> Any:
@@ -35,15 +41,27 @@ def terminal_refused(*, record_id: Any, user: records.Actor, why: str, message: 
 def terminal_opened(
     *, record_id: Any, session: str, user_id: Any, username: str, pid: int, argv: list[str], cols: int, rows: int
 ) -> None:
-    """The agent started the terminal's program."""
-    records.record_event_write(
-        record_id,
-        EventType.TERMINAL,
-        reason="TerminalOpened",
-        message=f"{username} opened a terminal: {' '.join(argv)} (pid {pid})",
-        data={"session": session, "user": username, "pid": pid, "argv": argv, "cols": cols, "rows": rows},
-        actor=_user(user_id),
-    )
+    """The agent started the terminal's program: an event, and an ``agent.terminal_open`` row in
+    the audit trail, whose actor is the user (the gateway's context names the agent)."""
+    user = _user(user_id)
+    with transaction.atomic():
+        records.record_event_write(
+            record_id,
+            EventType.TERMINAL,
+            reason="TerminalOpened",
+            message=f"{username} opened a terminal: {' '.join(argv)} (pid {pid})",
+            data={"session": session, "user": username, "pid": pid, "argv": argv, "cols": cols, "rows": rows},
+            actor=user,
+        )
+        agent = Record.objects.filter(pk=record_id).first()
+        if agent is not None:
+            _audit(
+                "agent.terminal_open",
+                agent,
+                actor=user if user is not None else audit.Who(AuditActorKind.USER, str(user_id or ""), username),
+                session=session,
+                argv=argv,
+            )
 
 
 def terminal_closed(

@@ -23,7 +23,7 @@ from graphene_sdk import (
 )
 from graphene_sdk import Pipeline as Definition
 
-from apps.core import access
+from apps.core import access, audit
 from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.engine.execution import Execution
@@ -93,6 +93,14 @@ def run_execute(*, run_id: Any) -> None:
     except Exception as exc:
         services.run_finish(run=run, status=RunStatus.FAILED, error=f"cannot load the pipeline: {exc}", token=token)
         return
+    # What the run's code changes (declarations, deletions, hand-overs, commands) and its end
+    # are the run's doing: the audit trail names it as their actor.
+    with audit.acting(audit.who_run(run.pk, f"{run.pipeline.name}#{run.number}")):
+        _execute(run, token, definition, inputs)
+
+
+def _execute(run: Run, token: Any, definition: Definition[Any, Any], inputs: Any) -> None:
+    """One execution of the run's function, holding its lease, to its suspension or its end."""
     execution = Execution(run, token, definition)
     journal = execution.journal
     heartbeat = _Heartbeat(execution)
@@ -125,7 +133,7 @@ def run_execute(*, run_id: Any) -> None:
             return
         except _Fenced:
             execution.telemetry.end("fenced")
-            logger.info("run %s: lease lost or run ended; this worker stops", run_id)
+            logger.info("run %s: lease lost or run ended; this worker stops", run.pk)
             return
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt | SystemExit):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -108,7 +109,8 @@ class StepCalls(ExecutionState):
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None, name: str
     ) -> Any:
         """Run a step in a thread so that a cancel or a timeout does not wait for it."""
-        future = self._executor().submit(fn, *args, **kwargs)
+        # In the run's context (the audit trail's actor is the run, there too).
+        future = self._executor().submit(contextvars.copy_context().run, fn, *args, **kwargs)
         started = time.monotonic()
         while True:
             wait = 0.5 if timeout is None else min(0.5, max(0.0, timeout - (time.monotonic() - started)))

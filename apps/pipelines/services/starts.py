@@ -17,6 +17,8 @@ from apps.pipelines.services.definitions import definition_get, inputs_validate,
 from apps.pipelines.services.lifecycle import run_finish
 from apps.pipelines.services.transitions import (
     Actor,
+    run_audit,
+    run_audited,
     run_created,
     run_enqueue_on_commit,
     run_lock,
@@ -62,6 +64,7 @@ def _create_run(
     )
     message = f"started by run {parent}" if parent is not None else ""
     run_created(run=run, reason=reason, message=message, actor=actor)
+    run_audit("run.start", run, actor=actor, before=None, status=status)
     if status == RunStatus.QUEUED:
         run_enqueue_on_commit(run.pk)
     return run
@@ -192,8 +195,13 @@ def run_cancel(*, run: Run, actor: Actor = None) -> Run:
     """Cancel: the run ends now and its tree is deleted; a worker still executing it is fenced off."""
     access.require_actor(actor, "cancel", "runs", run.namespace)
     who = actor.get_username() if actor is not None and actor.is_authenticated else "system"
-    run_finish(run=run, status=RunStatus.CANCELLED, error=f"cancelled by {who}", actor=actor)
-    return Run.objects.get(pk=run.pk)
+    with transaction.atomic():
+        before = run_audited(run_lock(run.pk))
+        ended = run_finish(run=run, status=RunStatus.CANCELLED, error=f"cancelled by {who}", actor=actor)
+        run = Run.objects.select_related("pipeline").get(pk=run.pk)
+        if ended:  # a run that had ended already is left as it was: nothing to record
+            run_audit("run.cancel", run, actor=actor, before=before)
+    return run
 
 
 def run_resume(*, run: Run, actor: Actor = None) -> Run:
@@ -209,6 +217,7 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
             raise Conflict(f"run {run} succeeded; start a new run instead of resuming it")
         if run.status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING):
             return run
+        before = run_audited(run)
         fields: dict[str, Any] = {"waiting_on": [], "wake_at": None}
         if run.status in TERMINAL:
             root = Record.objects.filter(pk=run.record_id).first() if run.record_id else None
@@ -226,5 +235,6 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
                 fields["deadline_at"] = timezone.now() + definition.timeout
         RunWait.objects.filter(run=run).delete()
         run_transition(run=run, to=RunStatus.QUEUED, reason="Resumed", actor=actor, fields=fields)
+        run_audit("run.resume", run, actor=actor, before=before)
         run_enqueue_on_commit(run.pk)
     return run

@@ -15,6 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core import audit
 from apps.core.errors import GrapheneError
 from apps.core.events import publish_on_commit
 from apps.pipelines.choices import RUN_TRANSITIONS
@@ -92,6 +93,35 @@ def run_transition(
         setattr(run, key, value)
     _event(run, before=before, reason=reason, message=message, actor=actor, data=data, at=now).save(force_insert=True)
     _publish(run)
+
+
+def run_audited(run: Run) -> dict[str, Any]:
+    """A run's fields that the audit trail's digests cover (its inputs hold secret names only)."""
+    return {
+        "id": run.pk,
+        "pipeline": run.pipeline_id,
+        "number": run.number,
+        "namespace": run.namespace,
+        "inputs": run.inputs,
+        "status": run.status,
+        "record": run.record_id,
+        "parent_run": run.parent_run_id,
+    }
+
+
+def run_audit(action: str, run: Run, *, actor: Actor, before: dict[str, Any] | None, **detail: Any) -> None:
+    """The audit row of ``action`` on ``run`` (as it is now), in the caller's transaction."""
+    audit.audit_write(
+        action=action,
+        resource="runs",
+        object_id=run.pk,
+        object_name=f"{run.pipeline.name}#{run.number}",
+        namespace=run.namespace,
+        before=before,
+        after=run_audited(run),
+        detail=detail,
+        actor=actor,
+    )
 
 
 def run_created(*, run: Run, reason: str, message: str = "", actor: Actor = None) -> None:

@@ -20,6 +20,8 @@ from apps.records.models import Event, Record
 from apps.records.services.placement import _moved_from, _place
 from apps.records.services.transitions import (
     Actor,
+    _audit,
+    _audited,
     _enqueue_converge_on_commit,
     _event_kwargs,
     _lease,
@@ -107,6 +109,8 @@ def record_create_root(
     )
     record.save(force_insert=True)  # a new root: mptt gives it the next tree id
     Event.objects.create(**_event_kwargs(record.pk, EventType.DECLARED, reason="Created", actor=actor))
+    if kind != "graphene.run":  # a run's root is its run (the same id): run.start is its row
+        _audit("record.create", record, actor=actor, before=None, after=_audited(record))
     _notify([record])
     return record
 
@@ -192,6 +196,7 @@ def record_declare(
                 at=now,
             )
         )
+        _audit("record.create", record, actor=actor, before=None, after=_audited(record), owner=owner.pk)
         _notify([record])
         _enqueue_converge_on_commit(record.pk)
     return record
@@ -216,14 +221,18 @@ def _redeclare(
     existing: Record, *, spec: dict[str, Any], labels: dict[str, str], drift: dict[str, Any], actor: Actor
 ) -> Record:
     if any(getattr(existing, key) != value for key, value in drift.items()):
+        drift_before = _audited(existing)
         Record.objects.filter(pk=existing.pk).update(**drift)
         for key, value in drift.items():
             setattr(existing, key, value)
+        if existing.spec == spec and existing.labels == labels:  # only the drift options changed
+            _audit("record.update", existing, actor=actor, before=drift_before, after=_audited(existing))
     if existing.spec == spec and existing.labels == labels:
         return existing
     record = Record.objects.select_for_update(no_key=True).get(pk=existing.pk)
     if record.deletion_requested_at is not None:
         raise Conflict(f"{record} ({record.pk}) is being deleted; wait for it to finish before re-declaring it")
+    before = _audited(record)
     generation = record.generation + 1
     fields = {"spec": spec, "labels": labels, "generation": generation, "next_attempt_at": timezone.now() + _lease()}
     data: dict[str, Any] = {"generation": generation}
@@ -240,5 +249,6 @@ def _redeclare(
         Record.objects.filter(pk=record.pk).update(**fields)
         for key, value in fields.items():
             setattr(record, key, value)
+    _audit("record.update", record, actor=actor, before=before, after=_audited(record), generation=generation)
     _enqueue_converge_on_commit(record.pk)
     return record

@@ -21,6 +21,8 @@ from apps.records.services.placement import _left_behind
 from apps.records.services.transitions import (
     _CREATE_IN_FLIGHT,
     Actor,
+    _audit,
+    _audited,
     _enqueue_deletions_on_commit,
     _error_text,
     _event_kwargs,
@@ -47,12 +49,14 @@ def record_delete_request(
         if record.phase == Phase.DELETED:
             return record
         now = timezone.now()
+        before = _audited(record)
         subtree = Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght).exclude(
             phase=Phase.DELETED
         )
         marked = subtree.filter(deletion_requested_at__isnull=True).update(
             deletion_requested_at=now, next_attempt_at=now + _lease(), updated_at=now
         )
+        _audit("record.delete_request", record, actor=actor, before=before, after=None, reason=reason, subtree=marked)
         Event.objects.create(
             **_event_kwargs(
                 record.pk,

@@ -14,7 +14,20 @@ from apps.core.errors import Conflict, ValidationFailed
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from apps.records.services.delete import record_delete_request
-from apps.records.services.transitions import Actor, _event, _event_kwargs, _lock_tree, _notify, _owner_check_alive
+from apps.records.services.transitions import (
+    Actor,
+    _audit,
+    _audited,
+    _event,
+    _event_kwargs,
+    _lock_tree,
+    _notify,
+    _owner_check_alive,
+)
+
+# The audit action of a TTL change by its reason; any other (a run keeping a record on its
+# stand) is "record.set_expiry".
+_EXPIRY_ACTIONS = {"Extended": "record.extend", "Released": "record.release"}
 
 
 @transaction.atomic
@@ -28,8 +41,11 @@ def record_set_expiry(
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("the new deadline is in the past", fields={"expires_at": ["must be in the future"]})
     previous = record.expires_at
+    before = _audited(record)
     Record.objects.filter(pk=record.pk).update(expires_at=expires_at, updated_at=timezone.now())
     record.expires_at = expires_at
+    action = _EXPIRY_ACTIONS.get(reason, "record.set_expiry")
+    _audit(action, record, actor=actor, before=before, after=_audited(record), reason=reason)
     Event.objects.create(
         **_event_kwargs(
             record.pk,
@@ -163,6 +179,7 @@ def record_transfer(
                 record=taken, actor=actor, reason="Replaced", message=f"replaced by {record} ({record.pk})"
             )
         size = record.get_descendant_count() + 1
+        before = _audited(record)
         Record.objects.move_node(record, new_owner, position="last-child")
         now = timezone.now()
         fields: dict[str, Any] = {"updated_at": now}
@@ -184,4 +201,13 @@ def record_transfer(
             ]
         )
         _notify([record, Record(pk=old_owner_id, namespace=record.namespace), new_owner])
-    return Record.objects.get(pk=record.pk)
+        moved = Record.objects.get(pk=record.pk)
+        _audit(
+            "record.transfer",
+            moved,
+            actor=actor,
+            before=before,
+            after=_audited(moved),
+            **{"from": old_owner_id, "to": new_owner.pk, "subtree": size},
+        )
+    return moved

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from apps.core import domain
+from apps.core import audit, domain
 from apps.core.db import advisory_lock, lock_key
 from apps.core.errors import Conflict, GrapheneError
 from apps.core.events import publish_on_commit
@@ -196,6 +196,48 @@ def operation_lock(record_id: Any) -> Iterator[None]:
     """
     with advisory_lock(lock_key(str(record_id))):
         yield
+
+
+def _audited(record: Record) -> dict[str, Any]:
+    """A record's fields that the audit trail's digests cover: what a user or a run decides
+    (not what convergence observes: outputs, conditions, phase)."""
+    return {
+        "id": record.pk,
+        "kind": record.kind,
+        "name": record.name,
+        "namespace": record.namespace,
+        "owner": record.parent_id,
+        "spec": record.spec,
+        "labels": record.labels,
+        "generation": record.generation,
+        "expires_at": record.expires_at,
+        "drift_policy": record.drift_policy,
+        "observe_every": record.observe_every,
+        "deletion_requested_at": record.deletion_requested_at,
+    }
+
+
+def _audit(
+    action: str,
+    record: Record,
+    *,
+    actor: Actor,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    **detail: Any,
+) -> None:
+    """The audit row of a write to ``record``, in the caller's transaction."""
+    audit.audit_write(
+        action=action,
+        resource="records",
+        object_id=record.pk,
+        object_name=f"{record.kind}/{record.name}",
+        namespace=record.namespace,
+        before=before,
+        after=after,
+        detail=detail,
+        actor=actor,
+    )
 
 
 def _event_kwargs(record_id: Any, type: str, **kwargs: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The Studio's template tags: status and phase badges, durations, TTL countdowns."""
+"""The Studio's template tags: status and phase badges, durations, TTL countdowns, and whether
+the user may do what a link leads to."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from apps.core import access
 from apps.studio.views.common import duration, short_duration
 
 register = template.Library()
@@ -92,3 +94,13 @@ def as_json(value: Any) -> str:
 @register.filter
 def get(mapping: dict[str, Any], key: str) -> Any:
     return mapping.get(str(key))
+
+
+@register.simple_tag(takes_context=True)
+def may(context: template.Context, verb: str, resource: str, namespace: str | None = None) -> bool:
+    """Whether the page's user may ``verb`` ``resource`` in ``namespace`` (in some namespace,
+    without one): a link to a page shows only to those it would not refuse."""
+    user = context["request"].user
+    if namespace is None:
+        return access.grants(user).anywhere(verb, resource)
+    return access.may(user, verb, resource, namespace)
