@@ -53,10 +53,8 @@ def _mark() -> int:
 
 
 def _token_client(user: Any) -> APIClient:
-    from rest_framework.authtoken.models import Token
-
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {factories.api_token(user)}")
     return client
 
 
@@ -387,10 +385,8 @@ def test_beat_runs_the_retention_task_and_keeps_a_year_by_default() -> None:
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
 def test_graphenectl_audit_shows_and_filters_the_trail(web: WebServer, django_user_model: Any, tmp_path: Any) -> None:
-    from rest_framework.authtoken.models import Token
-
     root = django_user_model.objects.create_superuser(username="root", password="pw")
-    ctl = Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=Token.objects.create(user=root).key)
+    ctl = Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=factories.api_token(root))
     held = ctl.ok("apply", "test.sleep", "held", "--owner", "stand/sample.cli").out.strip().removeprefix("record/")
     ctl.ok("delete", held)
 
