@@ -71,9 +71,27 @@ class AuditedAdmin(_ModelAdmin):
     ``audited`` says which fields the digests cover (never a password)."""
 
     audit_noun = "user"
+    # Users and groups are the installation-wide resource ``users``: who may see and change
+    # them is a binding in ``*``'s to say; Django's model permissions play no part.
+    access_resource = "users"
 
     def audited(self, obj: Any) -> dict[str, Any]:
         raise NotImplementedError
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _users_rule(request, "get")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "get")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _users_rule(request, "create")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "update")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _users_rule(request, "delete")
 
     @staticmethod
     def _remembered(request: HttpRequest) -> dict[Any, dict[str, Any]]:
@@ -131,25 +149,7 @@ class AuditedAdmin(_ModelAdmin):
 
 
 class UserAccessAdmin(AuditedAdmin, UserAdmin):
-    """People and service accounts' users: an installation-wide resource (``users``), managed
-    by whoever a binding in ``*`` lets; Django's model permissions play no part."""
-
-    access_resource = "users"
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return _users_rule(request, "get")
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _users_rule(request, "get")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return _users_rule(request, "create")
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _users_rule(request, "update")
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _users_rule(request, "delete")
+    """People and service accounts' users (the rule: ``AuditedAdmin``'s)."""
 
     def audited(self, obj: Any) -> dict[str, Any]:
         return {
@@ -179,23 +179,6 @@ class UserAccessAdmin(AuditedAdmin, UserAdmin):
 
 class GroupAccessAdmin(AuditedAdmin, GroupAdmin):
     """Groups (bindings may name one): the same rule as users."""
-
-    access_resource = "users"
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return _users_rule(request, "get")
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _users_rule(request, "get")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return _users_rule(request, "create")
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _users_rule(request, "update")
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _users_rule(request, "delete")
 
     audit_noun = "group"
 
