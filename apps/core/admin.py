@@ -187,19 +187,6 @@ class GroupAccessAdmin(AuditedAdmin, GroupAdmin):
         return {"name": obj.name, "permissions": permissions}
 
 
-def _token_proxy() -> Any:
-    """DRF's token page, when its app is installed: tokens are managed through the API and
-    graphenectl, never a form that would show a key."""
-    try:
-        from rest_framework.authtoken.models import TokenProxy
-    except (ImportError, RuntimeError):
-        return None
-    return TokenProxy
-
-
-if (_proxy := _token_proxy()) is not None and admin.site.is_registered(_proxy):
-    admin.site.unregister(_proxy)
-
 for _model, _admin in ((User, UserAccessAdmin), (Group, GroupAccessAdmin)):
     if admin.site.is_registered(_model):
         admin.site.unregister(_model)
