@@ -162,7 +162,9 @@ def test_resizing_the_window_resizes_the_terminal_on_the_machine(
     page.type("echo size=$(stty size)" + Keys.ENTER)
     before = page.wait_row(r"size=(\d+) (\d+)")
     rows, cols = int(before[1]), int(before[2])
-    assert rows == len(page.rows()), "the terminal was opened at the size the page shows"
+    # A layout that settles while the socket connects resizes the screen: the machine is told
+    # once the terminal opens, before anything typed.
+    assert rows == len(page.rows()), "the terminal on the machine has the size the page shows"
 
     # Above the admin's minimum width (980px), so that the width changes too.
     chromium.set_window_size(1100, 650)

@@ -99,6 +99,9 @@
         if (message.type === "opened") {
             openedText = `opened: ${(message.argv || []).join(" ")} (pid ${message.pid})`;
             setStatus("opened", openedText);
+            // A layout that changed while the socket was connecting resized the screen, and
+            // that resize could not be sent yet: the machine gets the screen's size now.
+            send(JSON.stringify({type: "resize", cols: term.cols, rows: term.rows}));
             term.focus();
         } else if (message.type === "exit") {
             setStatus("exited", describeExit(message));
