@@ -14,11 +14,10 @@ process.declare(process.WEB)
 # Django must be set up before anything imports models (consumers, routing).
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from apps.accounts.websocket_auth import TokenAuthMiddleware  # noqa: E402
+from apps.accounts.websocket_auth import SessionAuthMiddlewareStack, TokenAuthMiddleware  # noqa: E402
 from apps.core.proxy import TrustedProxyMiddleware  # noqa: E402
 from apps.core.security import StaticFilesHandler  # noqa: E402
 from apps.core.throttle import WebsocketAuthFailureThrottle  # noqa: E402
@@ -27,7 +26,8 @@ from graphene_project.routing import websocket_urlpatterns  # noqa: E402
 # Daphne does not serve static files; the admin's few assets are served by Django's static
 # handler (collected under STATIC_ROOT in production, found in the apps otherwise), with the
 # security headers of every other answer (apps/core/security.py).
-# Websockets authenticate with the session cookie (the Studio) or, for clients that are not
+# Websockets authenticate with the session cookie (the Studio: Channels' middleware, its user
+# looked up off Channels' one shared database thread) or, for clients that are not
 # browsers (graphenectl), with the REST API's token in an Authorization header. Refusals
 # (4401) of clients not logged in are counted per address, and limited (apps/core/throttle.py).
 # X-Forwarded-* headers count only from GRAPHENE_TRUSTED_PROXIES; everyone else's are dropped
@@ -37,7 +37,9 @@ application = TrustedProxyMiddleware(
         {
             "http": StaticFilesHandler(django_asgi_app),
             "websocket": AllowedHostsOriginValidator(
-                AuthMiddlewareStack(WebsocketAuthFailureThrottle(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))))
+                SessionAuthMiddlewareStack(
+                    WebsocketAuthFailureThrottle(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))
+                )
             ),
         }
     )

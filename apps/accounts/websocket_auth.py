@@ -25,12 +25,14 @@ import json
 import logging
 from typing import Any
 
-from channels.db import database_sync_to_async
+from channels.auth import AuthMiddleware, get_user
 from channels.layers import get_channel_layer
+from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.utils import timezone
 
 from apps.accounts import services
 from apps.accounts.authentication import presented_key
+from apps.core.db import on_db_thread
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,19 @@ async def _refuse(receive: Any, send: Any, refusal: services.TokenRefused) -> No
         pass
 
 
+class _SessionAuthMiddleware(AuthMiddleware):
+    """Channels' ``AuthMiddleware`` with the session's user looked up ``on_db_thread``."""
+
+    async def resolve_scope(self, scope: dict[str, Any]) -> None:
+        scope["user"]._wrapped = await on_db_thread(get_user.func)(scope)
+
+
+def SessionAuthMiddlewareStack(inner: Any) -> Any:
+    """Channels' ``AuthMiddlewareStack`` (the session cookie: the Studio), whose user lookup
+    does not wait behind every other socket's database calls on Channels' one shared thread."""
+    return CookieMiddleware(SessionMiddleware(_SessionAuthMiddleware(inner)))
+
+
 class TokenAuthMiddleware:
     """Sets ``scope["user"]`` (and ``scope["access_token_id"]``) from an ``Authorization``
     header, when one is sent; refuses a token that does not authenticate, and closes the
@@ -86,7 +101,7 @@ class TokenAuthMiddleware:
         if key is None:
             return await self.app(scope, receive, send)
         try:
-            token = await database_sync_to_async(_authenticate)(key)
+            token = await on_db_thread(_authenticate)(key)
         except services.TokenRefused as refusal:
             return await _refuse(receive, send, refusal)
         scope = {**scope, "user": token.user, "access_token_id": str(token.pk)}
@@ -157,7 +172,7 @@ class _Watched:
     async def _wait(self, layer: Any, channel: str | None, group: str) -> services.TokenRefused:
         """Until the token stops authenticating (this task is cancelled when the connection
         ends first): why. Without a working channel layer, the row alone is watched."""
-        recheck = database_sync_to_async(services.access_token_recheck)
+        recheck = on_db_thread(services.access_token_recheck)
         while True:
             if channel is not None:
                 try:

@@ -13,6 +13,10 @@ gives as advisory locks are taken here, each with what stands in for it on SQLit
   (``transaction_mode: IMMEDIATE``, settings/base.py), which serializes such blocks already.
 
 Keys are 64-bit integers; ``lock_key(name)`` makes one from a name.
+
+The web process's asynchronous code (websocket consumers, ASGI middleware, live follows)
+reaches the database through ``on_db_thread(fn)``: a pool of threads of its own, not the one
+thread that Channels' ``database_sync_to_async`` runs every call of the process on.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
+from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 P = ParamSpec("P")
@@ -148,3 +155,29 @@ def release_pooled_connection(using: str = DEFAULT_DB_ALIAS) -> None:
     conn = connections[using]
     if is_pooled(using) and not conn.in_atomic_block:
         conn.close()
+
+
+_db_threads: ThreadPoolExecutor | None = None
+_db_threads_guard = threading.Lock()
+
+
+def _db_executor() -> ThreadPoolExecutor:
+    global _db_threads
+    with _db_threads_guard:
+        if _db_threads is None:
+            # As many threads as the web's pool has connections: more would only wait for one.
+            size = max(1, int(getattr(settings, "GRAPHENE_WEB_DB_POOL_MAX", 20)))
+            _db_threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="graphene-db")
+        return _db_threads
+
+
+def on_db_thread(fn: Callable[P, T]) -> Callable[P, Awaitable[T]]:
+    """``fn`` as an awaitable for asynchronous code (websocket consumers, ASGI middleware, live
+    follows), run on a thread of a bounded pool of our own, its connections closed after it
+    (given back to the web's pool).
+
+    Not Channels' ``database_sync_to_async`` as it comes: "thread sensitive", it runs every call
+    of the process, of every socket, on one shared thread, so one call that waits (on a row
+    lock, on a full connection pool) held up every other socket's handshake and messages with
+    it. Calls of one consumer still run one after the other, as it awaits each in turn."""
+    return database_sync_to_async(fn, thread_sensitive=False, executor=_db_executor())

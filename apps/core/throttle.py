@@ -31,10 +31,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest
+
+from apps.core.db import on_db_thread
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class WebsocketAuthFailureThrottle:
         if scope.get("type") != "websocket" or (user is not None and user.is_authenticated):
             return await self.app(scope, receive, send)
         address = scope_client_address(scope)
-        wait = await sync_to_async(auth_failure_throttled)(address)
+        wait = await on_db_thread(auth_failure_throttled)(address)
         if wait is not None:
             message = await receive()
             if message.get("type") == "websocket.connect":
@@ -203,7 +204,7 @@ class WebsocketAuthFailureThrottle:
 
         async def counting_send(message: dict[str, Any]) -> None:
             if message.get("type") == "websocket.close" and message.get("code") == CLOSE_UNAUTHENTICATED:
-                await sync_to_async(auth_failure_record)(address=address)
+                await on_db_thread(auth_failure_record)(address=address)
             await send(message)
 
         return await self.app(scope, receive, counting_send)

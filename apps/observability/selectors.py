@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import connection, connections
 from django.db.models import BigIntegerField, Func, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from apps.core.db import is_postgresql, release_pooled_connection
+from apps.core.db import is_postgresql, on_db_thread, release_pooled_connection
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
 from apps.observability.services import LOG_WRITER_LOCKS, METRIC_NAME, SEVERITIES, log_sequence
@@ -249,7 +248,7 @@ async def log_batches(rows: Any, after: int) -> AsyncIterator[LogBatch]:
     a few times a second, at once again while a backlog fills whole batches; an empty batch
     when a poll found nothing (for keep-alives). Serves the server-sent events and the
     websocket."""
-    fetch = sync_to_async(_log_fetch_released)
+    fetch = on_db_thread(_log_fetch_released)
     while True:
         batch = await fetch(rows, after)
         if batch:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.core import access
+from apps.core.db import on_db_thread
 from apps.core.errors import NotFound
 from apps.pipelines.selectors import run_get
 
@@ -43,7 +43,7 @@ class RunsConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return
-        groups = await database_sync_to_async(_groups)(user, self.scope["url_route"]["kwargs"].get("run_id"))
+        groups = await on_db_thread(_groups)(user, self.scope["url_route"]["kwargs"].get("run_id"))
         if groups is None:
             await self.close(code=4404)
             return

@@ -6,11 +6,11 @@ import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.api.params import log_filter_params, log_start_params
 from apps.core import access, validation
+from apps.core.db import on_db_thread
 from apps.core.errors import NotFound, ValidationFailed
 from apps.observability.selectors import log_batches, log_rows, log_start
 from apps.records.selectors import record_get
@@ -39,7 +39,7 @@ class RecordsConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return
-        self.groups_joined = await database_sync_to_async(_watch_groups)(user, "records", records_group)
+        self.groups_joined = await on_db_thread(_watch_groups)(user, "records", records_group)
         if not self.groups_joined:
             await self.close(code=4403)
             return
@@ -75,8 +75,8 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
         params = {k: v[-1] for k, v in parsed.items()}
         try:
             validation.check_params(parsed)  # the REST door's check: storable text only
-            # database_sync_to_async: closes the connection after (the web's pool gets it back).
-            self.rows, after = await database_sync_to_async(_log_query)(
+            # on_db_thread: closes the connection after (the web's pool gets it back).
+            self.rows, after = await on_db_thread(_log_query)(
                 user, str(self.scope["url_route"]["kwargs"]["record_id"]), params
             )
         except NotFound as exc:

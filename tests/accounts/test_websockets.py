@@ -1,16 +1,19 @@
 """Websockets opened with a token, against the real web server (daphne, the Redis channel layer):
 a token that does not authenticate is refused with its reason; a token revoked, expired or
 whose service account is deleted while its sockets are open closes them at once (4401, after a
-message saying why), and leaves the sockets of other tokens alone."""
+message saying why), and leaves the sockets of other tokens alone. A socket whose database call
+waits holds up no other socket."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -23,6 +26,7 @@ from tests import factories
 from tests.factories import api_token
 from tests.harness import tls
 from tests.harness.net import http
+from tests.harness.wait import wait_for
 from tests.harness.web import WebServer
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -32,14 +36,14 @@ pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 PROMPTLY = 15.0
 
 
-def open_socket(web: WebServer, token: str, path: str = "ws/runs/") -> ClientConnection:
+def open_socket(web: WebServer, token: str, path: str = "ws/runs/", timeout: float = 30) -> ClientConnection:
     return connect(
         f"{web.ws_url}/{path}",
         origin=Origin(web.url),
         proxy=None,
         ssl=tls.context(),
         additional_headers={"Authorization": f"Token {token}"},
-        open_timeout=30,
+        open_timeout=timeout,
     )
 
 
@@ -137,3 +141,54 @@ def test_a_token_that_expires_while_connected_closes_its_websocket(web: WebServe
     assert error is not None
     assert error["reason"] == "token_expired"
     assert AccessToken.objects.get(user=alice).expires_at <= timezone.now()
+
+
+def _waiting_on_a_lock(table: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE %s",
+            [f'UPDATE "{table}"%'],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def test_a_socket_whose_database_call_waits_holds_up_no_other_socket(web: WebServer, alice: Any) -> None:
+    """The web process's sockets reach the database on threads of their own: one that waits on a
+    row lock (here its token's, held by another transaction) does not keep another socket from
+    opening and being served, as Channels' one shared database thread did."""
+    stuck_key, free_key = api_token(alice, comment="stuck"), api_token(alice, comment="free")
+    row = AccessToken.objects.get(user=alice, comment="stuck").pk
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:
+        try:
+            with transaction.atomic():
+                list(AccessToken.objects.select_for_update().filter(pk=row))
+                locked.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    opened: list[ClientConnection] = []
+    opener = threading.Thread(target=lambda: opened.append(open_socket(web, stuck_key, timeout=60)))
+    try:
+        assert locked.wait(15)
+        opener.start()
+        # Its authentication notes the token's first use: an UPDATE of the locked row, waiting.
+        wait_for(lambda: _waiting_on_a_lock(AccessToken._meta.db_table), timeout=15, what="the stuck socket's UPDATE")
+        began = time.monotonic()
+        free = open_socket(web, free_key, "ws/records/", timeout=PROMPTLY)
+        assert still_open(free, "records.default")
+        print(f"another socket opened and was served in {time.monotonic() - began:.3f}s")
+        assert opened == []  # the stuck one still waits
+    finally:
+        release.set()
+        holder.join(30)
+    opener.join(30)
+    assert len(opened) == 1
+    assert still_open(opened[0])
+    free.close()
+    opened[0].close()

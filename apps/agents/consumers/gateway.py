@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -32,6 +31,7 @@ from graphene_agent import protocol
 
 from apps.agents import services
 from apps.core import audit, validation
+from apps.core.db import on_db_thread
 from apps.core.errors import ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -73,9 +73,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         """Close the connection when its credential expires, as the next connect would be refused."""
         await asyncio.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()))
         assert self.record_id is not None
-        reason = await database_sync_to_async(services.agent_credential_expired)(
-            record_id=self.record_id, expires_at=expires_at
-        )
+        reason = await on_db_thread(services.agent_credential_expired)(record_id=self.record_id, expires_at=expires_at)
         await self.refuse(protocol.CLOSE_REFUSED, reason)
 
     def _peer(self) -> str:
@@ -107,7 +105,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             with audit.acting(who):
                 return fn(**kwargs)
 
-        return database_sync_to_async(call)
+        return on_db_thread(call)
 
     async def send_json(self, message: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(message))
@@ -178,7 +176,7 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             raise ProtocolError(f"unknown message type {kind!r}")
 
     async def _authenticate(self, message: dict[str, Any], *, bootstrap: bool) -> None:
-        outcome = await database_sync_to_async(services.agent_authenticate)(
+        outcome = await on_db_thread(services.agent_authenticate)(
             agent_id=str(message.get("agent_id", "")),
             credential=None if bootstrap else str(message.get("credential") or ""),
             bootstrap_token=str(message.get("token") or "") if bootstrap else None,

@@ -16,12 +16,12 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.agents import selectors, services
 from apps.agents.consumers.gateway import channel_send
 from apps.core import access, validation
+from apps.core.db import on_db_thread
 from apps.core.errors import NotFound, ValidationFailed
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused
             return
         try:
             params = _terminal_params(self.scope.get("query_string", b""))
-            record, self.gateway = await database_sync_to_async(_terminal_target)(
+            record, self.gateway = await on_db_thread(_terminal_target)(
                 user, str(self.scope["url_route"]["kwargs"]["agent_id"])
             )
         except TerminalRefused as exc:
@@ -184,7 +184,7 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused
         while not self.ended:
             await asyncio.sleep(WATCH_SECONDS)
             assert self.gateway is not None
-            if not await database_sync_to_async(selectors.agent_connection_is_current)(
+            if not await on_db_thread(selectors.agent_connection_is_current)(
                 record_id=self.record_id, channel_name=self.gateway
             ):
                 await self._end({"exit_code": None, "signal": None, "error": "the agent disconnected"})
