@@ -25,7 +25,7 @@ import hashlib
 import logging
 import mimetypes
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import PurePosixPath
@@ -117,6 +117,25 @@ def digest_lock(sha256: str) -> Iterator[None]:
 def live_references(sha256: str) -> QuerySet[Record]:
     """Artifact records that hold the blob ``sha256``."""
     return Record.objects.filter(kind=KIND, spec__sha256=sha256).exclude(phase__in=_RELEASED)
+
+
+# Others that keep blobs in the store (pipeline revisions): each answers which of the digests
+# it is given it holds. Registered by their apps (``AppConfig.ready``); artifacts never import them.
+_BLOB_HOLDERS: list[Callable[[Iterable[str]], set[str]]] = []
+
+
+def blob_holder_register(holder: Callable[[Iterable[str]], set[str]]) -> None:
+    if holder not in _BLOB_HOLDERS:
+        _BLOB_HOLDERS.append(holder)
+
+
+def held_elsewhere(digests: Iterable[str]) -> set[str]:
+    """The digests among ``digests`` that something other than an artifact record keeps."""
+    wanted = list(digests)
+    held: set[str] = set()
+    for holder in _BLOB_HOLDERS:
+        held |= holder(wanted)
+    return held
 
 
 # --- storing -------------------------------------------------------------------------------------
@@ -233,7 +252,7 @@ def artifact_blob_release(*, record: Record) -> bool:
     if not blobs.SHA256.fullmatch(sha256):
         return False  # an invalid spec never stored anything
     with transaction.atomic(), digest_lock(sha256):
-        if live_references(sha256).exclude(pk=record.pk).exists():
+        if live_references(sha256).exclude(pk=record.pk).exists() or held_elsewhere([sha256]):
             return False
         removed = blobs.remove(sha256)
     if removed:
@@ -258,6 +277,7 @@ def artifact_orphans() -> Iterator[tuple[str, str]]:
             if phase not in _RELEASED:
                 live.add(sha)
             last[sha] = str(pk)
+        live |= held_elsewhere(batch)
     for kind, path in found:
         if kind == "tmp":
             yield f"tmp/{path.name}", ""
@@ -274,7 +294,7 @@ def artifact_orphan_delete(external_id: str) -> None:
         return
     sha256 = blobs.check_sha256(external_id)
     with transaction.atomic(), digest_lock(sha256):
-        if not live_references(sha256).exists():
+        if not live_references(sha256).exists() and not held_elsewhere([sha256]):
             blobs.remove(sha256)
 
 

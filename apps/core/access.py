@@ -55,6 +55,8 @@ NAMESPACED_RESOURCES: Final = (
     "records",
     "runs",
     "pipelines",
+    "sources",
+    "revisions",
     "stands",
     "secrets",
     "agents",
@@ -67,7 +69,7 @@ CLUSTER_RESOURCES: Final = ("namespaces", "roles", "users")
 RESOURCES: Final = (*NAMESPACED_RESOURCES, *CLUSTER_RESOURCES)
 
 _READ = ["get", "list", "watch"]
-_WORKLOADS = ["records", "runs", "pipelines", "stands", "agents", "artifacts"]
+_WORKLOADS = ["records", "runs", "pipelines", "sources", "revisions", "stands", "agents", "artifacts"]
 
 # The built-in roles, made by a migration (apps/core/migrations) and refused changes by the API.
 BUILTIN_ROLES: Final[dict[str, dict[str, Any]]] = {
@@ -77,11 +79,16 @@ BUILTIN_ROLES: Final[dict[str, dict[str, Any]]] = {
     },
     "developer": {
         "description": "read everything but the audit trail and accounts; start, cancel and resume runs; "
-        "declare, change and delete records, stands and artifacts; run commands on agents; "
-        "store secrets and list their names (no terminals, no accounts or bindings)",
+        "declare, change and delete records, stands and artifacts; deliver pipeline code (sources, "
+        "revisions, activation); run commands on agents; store secrets and list their names (no "
+        "terminals, no accounts or bindings)",
         "rules": [
             {"verbs": _READ, "resources": _WORKLOADS},
-            {"verbs": ["create", "update", "delete"], "resources": ["records", "stands", "artifacts", "secrets"]},
+            {
+                "verbs": ["create", "update", "delete"],
+                "resources": ["records", "stands", "artifacts", "secrets", "sources", "revisions"],
+            },
+            {"verbs": ["update"], "resources": ["pipelines"]},
             {"verbs": ["start", "cancel", "resume"], "resources": ["runs"]},
             {"verbs": ["exec"], "resources": ["agents"]},
             {"verbs": ["read_secret_names"], "resources": ["secrets"]},
@@ -90,7 +97,8 @@ BUILTIN_ROLES: Final[dict[str, dict[str, Any]]] = {
     # Not the audit trail: its rows name secrets, accounts and role bindings, none of which a
     # viewer may read (an admin binds a custom role with list audit for an auditor).
     "viewer": {
-        "description": "read records, runs, pipelines, stands, agents and artifacts; change nothing",
+        "description": "read records, runs, pipelines, sources, revisions, stands, agents and artifacts; "
+        "change nothing",
         "rules": [{"verbs": _READ, "resources": _WORKLOADS}],
     },
     "agent-installer": {

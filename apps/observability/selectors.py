@@ -8,17 +8,18 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import connection, connections
 from django.db.models import BigIntegerField, Func, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from apps.core.db import is_postgresql, on_db_thread, release_pooled_connection
+from apps.core.db import is_postgresql, release_pooled_connection
 from apps.core.errors import ValidationFailed
 from apps.observability.models import LogLine, MetricPoint, Span, SpanStatus
 from apps.observability.services import LOG_WRITER_LOCKS, METRIC_NAME, SEVERITIES, log_sequence
@@ -243,12 +244,22 @@ def _log_fetch_released(rows: Any, after: int) -> LogBatch:
         release_pooled_connection()
 
 
-async def log_batches(rows: Any, after: int) -> AsyncIterator[LogBatch]:
+async def log_batches(
+    rows: Any,
+    after: int,
+    *,
+    on_thread: Callable[[Callable[[Any, int], LogBatch]], Callable[[Any, int], Awaitable[LogBatch]]] = sync_to_async,
+) -> AsyncIterator[LogBatch]:
     """Lines stored after line ``after`` (``LogBatch``), polled by id (the (record, id) index)
     a few times a second, at once again while a backlog fills whole batches; an empty batch
     when a poll found nothing (for keep-alives). Serves the server-sent events and the
-    websocket."""
-    fetch = on_db_thread(_log_fetch_released)
+    websocket.
+
+    ``on_thread`` runs each poll. By default on the request's own thread (server-sent events:
+    its first poll gives back the connection the request borrowed before it began to stream,
+    which would otherwise be held to the stream's end); websocket consumers pass
+    ``apps.core.db.on_db_thread``."""
+    fetch = on_thread(_log_fetch_released)
     while True:
         batch = await fetch(rows, after)
         if batch:

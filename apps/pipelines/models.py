@@ -13,8 +13,70 @@ from apps.core.models import TimeStampedModel
 from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, EntryStatus, RunStatus
 
 
+class Source(TimeStampedModel):
+    """Where a namespace's pipeline code comes from: a git repository at a ref (``sync`` makes a
+    revision of each new commit), or, without a URL, the directories pushed to it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    namespace = models.CharField(max_length=63, default="default")
+    name = models.CharField(max_length=100)
+    url = models.CharField(max_length=1000, blank=True, help_text="a git repository; empty: pushed directories")
+    ref = models.CharField(max_length=255, blank=True, help_text="a branch, a tag or a commit")
+    subdirectory = models.CharField(max_length=500, blank=True)
+    credential = models.CharField(max_length=253, blank=True, help_text="the name of a secret of the namespace")
+    # Whether a new revision's pipelines become active at once (else: graphenectl pipeline activate).
+    activate = models.BooleanField(default=True)
+    commit = models.CharField(max_length=40, blank=True, help_text="the commit last synced")
+    revision = models.ForeignKey(
+        "Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", help_text="the latest"
+    )
+    synced_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, help_text="why the last sync or push was refused; empty after one that worked")
+    error_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="source_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Revision(models.Model):
+    """Immutable pipeline code: a canonical archive of a source tree in the blob store (by its
+    sha256), with the manifest its import produced. The same files twice are one revision."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    namespace = models.CharField(max_length=63, default="default")
+    digest = models.CharField(max_length=64, help_text="sha256 of the canonical archive (its blob)")
+    size = models.BigIntegerField(help_text="the archive's bytes")
+    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="revisions")
+    commit = models.CharField(max_length=40, blank=True, help_text="the git commit it was made from")
+    # {"pipelines": [{name, namespace, source, description, input_schema, output_schema,
+    # concurrency, max_pending, timeout_seconds, triggers}], "modules": [...]}
+    manifest = models.JSONField(default=dict)
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "digest"], name="revision_unique_digest")]
+        indexes = [models.Index(fields=["namespace", "created_at", "id"], name="revision_namespace_newest")]
+
+    def __str__(self) -> str:
+        return self.digest[:12]
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12]
+
+    def pipeline_names(self) -> list[str]:
+        return [p["name"] for p in self.manifest.get("pipelines", [])]
+
+
 class Pipeline(TimeStampedModel):
-    """A pipeline definition as last loaded from code: name, schemas, policies."""
+    """A pipeline definition as last loaded from code: name, schemas, policies. A pipeline
+    delivered as revisions names its active one (what new runs start on); one installed on the
+    workers (``GRAPHENE_PIPELINE_MODULES``) has none."""
 
     name = models.CharField(max_length=200, unique=True)
     namespace = models.CharField(max_length=63, default="default", db_index=True)
@@ -28,9 +90,31 @@ class Pipeline(TimeStampedModel):
     timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
     # False when the code defining it is no longer loaded: kept for its runs' history.
     is_loaded = models.BooleanField(default=True)
+    revision = models.ForeignKey(
+        Revision, null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="the active revision"
+    )
 
     def __str__(self) -> str:
         return self.name
+
+
+class PipelineEvent(models.Model):
+    """Append-only history of a pipeline's delivery: each activation (and rollback), by whom."""
+
+    id = models.BigAutoField(primary_key=True)
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="events")
+    reason = models.CharField(max_length=80)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["pipeline", "id"], name="pipelineevent_pipeline_id")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline_id}: {self.reason}"
 
 
 class Run(TimeStampedModel):
@@ -68,6 +152,8 @@ class Run(TimeStampedModel):
     # of a child run): a second start of the pipeline with it returns this run.
     # NULL, not "": runs started without a key are outside the unique constraint.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # The code it runs and replays, always (None: the pipeline's code installed on the workers).
+    revision = models.ForeignKey(Revision, null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
 
     class Meta:
         constraints = [

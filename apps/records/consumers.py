@@ -95,7 +95,7 @@ class RecordLogsConsumer(AsyncJsonWebsocketConsumer):
             follower.cancel()
 
     async def _follow(self, after: int) -> None:
-        async for batch in log_batches(self.rows, after):
+        async for batch in log_batches(self.rows, after, on_thread=on_db_thread):
             if batch:
                 await self.send_json({"lines": batch.lines()})
 

@@ -43,6 +43,8 @@ RESOURCES = (
     "records",
     "runs",
     "pipelines",
+    "sources",
+    "revisions",
     "stands",
     "secrets",
     "agents",

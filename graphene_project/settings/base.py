@@ -361,6 +361,14 @@ GRAPHENE_OBSERVE_BATCH = env.integer("GRAPHENE_OBSERVE_BATCH", 200)
 # Pipelines: Python modules to import, and directories whose *.py files define pipelines.
 GRAPHENE_PIPELINE_MODULES = env.csv("GRAPHENE_PIPELINE_MODULES", [])
 GRAPHENE_PIPELINE_DIRS = env.csv("GRAPHENE_PIPELINE_DIRS", [str(BASE_DIR / "examples" / "pipelines")])
+# Revisions (pushed directories, git sources; docs/delivery.md): the largest source tree a
+# revision may hold, in bytes (its files, unpacked); how long importing one to describe it may
+# take; how many revisions a process keeps imported (the least recently used is forgotten);
+# where processes unpack the revisions they load (a cache: rebuilt from the blob store).
+GRAPHENE_REVISION_MAX_BYTES = env.integer("GRAPHENE_REVISION_MAX_BYTES", 50 * 1024**2)
+GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS = env.integer("GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS", 60)
+GRAPHENE_REVISION_CACHE_SIZE = env.integer("GRAPHENE_REVISION_CACHE_SIZE", 16)
+GRAPHENE_REVISION_DIR = Path(env.string("GRAPHENE_REVISION_DIR", str(DATA_DIR / "revisions")) or "")
 # A worker executing a run renews its lease every third of this; a dead worker's run is
 # resumed elsewhere once it expires.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -62,11 +64,36 @@ class Pipeline(Generic[InputT, OutputT]):
 
 
 _REGISTRY: dict[str, Pipeline[Any, Any]] = {}
+DEFAULT_NAMESPACE = "default"
 
 
 def registered() -> dict[str, Pipeline[Any, Any]]:
     """Every pipeline defined by the modules imported so far, by name."""
     return dict(_REGISTRY)
+
+
+class _Collector:
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.pipelines: dict[str, Pipeline[Any, Any]] = {}
+
+
+_collecting = threading.local()
+
+
+@contextmanager
+def collecting(namespace: str) -> Iterator[dict[str, Pipeline[Any, Any]]]:
+    """Pipelines defined by this thread while the block runs go into the dict it yields, not
+    into the process's registry: how a revision's modules are loaded beside other revisions
+    of the same pipelines. A pipeline that names no namespace is in ``namespace`` (where the
+    revision was delivered); one that names another is refused."""
+    previous = getattr(_collecting, "current", None)
+    collector = _Collector(namespace)
+    _collecting.current = collector
+    try:
+        yield collector.pipelines
+    finally:
+        _collecting.current = previous
 
 
 def _output_model(fn: Callable[..., Any]) -> type[BaseModel] | None:
@@ -91,7 +118,7 @@ def pipeline(
     timeout: timedelta | None = None,
     keep_on_failure: timedelta | None = None,
     triggers: Sequence[Any] = (),
-    namespace: str = "default",
+    namespace: str | None = None,
 ) -> Callable[[Callable[[Context, InputT], OutputT]], Pipeline[InputT, OutputT]]:
     """Declare ``fn(ctx, inputs) -> Output | None`` as the pipeline ``name``.
 
@@ -101,7 +128,9 @@ def pipeline(
     running one). ``timeout`` ends a run that takes longer. ``keep_on_failure`` hands what a
     failed run still owns to the pipeline's stand for that long, for debugging.
     ``namespace``: where the pipeline, its runs, its stand and everything they declare live
-    (who may see and start it is decided by role bindings in that namespace).
+    (who may see and start it is decided by role bindings in that namespace). Without it: the
+    namespace its revision is delivered to (``graphenectl pipeline push -n``), or ``default``
+    for code installed on the workers.
     """
     if not name or not all(c.isalnum() or c in "-_." for c in name):
         raise ValueError(f"pipeline name {name!r}: use letters, digits, '-', '_' and '.'")
@@ -109,13 +138,23 @@ def pipeline(
         raise TypeError(f"pipeline {name!r}: inputs must be a pydantic BaseModel subclass")
     if concurrency not in ("parallel", "queue", "cancel_previous"):
         raise ValueError(f"pipeline {name!r}: concurrency must be parallel, queue or cancel_previous")
-    if not namespace or len(namespace) > 63 or not all(c.isalnum() or c == "-" for c in namespace):
+    if namespace is not None and (
+        not namespace or len(namespace) > 63 or not all(c.isalnum() or c == "-" for c in namespace)
+    ):
         raise ValueError(f"pipeline {name!r}: namespace {namespace!r}: use letters, digits and '-' (at most 63)")
     if max_pending is not None and (concurrency != "queue" or max_pending < 0):
         raise ValueError(f"pipeline {name!r}: max_pending is a non-negative bound for concurrency='queue'")
 
     def register(fn: Callable[[Context, InputT], OutputT]) -> Pipeline[InputT, OutputT]:
-        existing = _REGISTRY.get(name)
+        collector: _Collector | None = getattr(_collecting, "current", None)
+        registry = _REGISTRY if collector is None else collector.pipelines
+        where = DEFAULT_NAMESPACE if collector is None else collector.namespace
+        if collector is not None and namespace is not None and namespace != where:
+            raise ValueError(
+                f"pipeline {name!r} names namespace {namespace!r} but is delivered to namespace {where!r}: "
+                f"push it with -n {namespace}, or drop namespace= to take the namespace it is pushed to"
+            )
+        existing = registry.get(name)
         definition: Pipeline[InputT, OutputT] = Pipeline(
             name=name,
             fn=fn,
@@ -127,11 +166,11 @@ def pipeline(
             keep_on_failure=keep_on_failure,
             triggers=tuple(triggers),
             description=inspect.getdoc(fn) or "",
-            namespace=namespace,
+            namespace=namespace or where,
         )
         if existing is not None and existing.source != definition.source:
             raise ValueError(f"pipeline {name!r} is defined twice: {existing.source} and {definition.source}")
-        _REGISTRY[name] = definition
+        registry[name] = definition
         return definition
 
     return register

@@ -6,8 +6,10 @@ another namespace is seen or touched, listing counts included); the websockets l
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.admin import AdminSite
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from graphene_sdk import _delivery
 from rest_framework.test import APIClient
 
 from apps.accounts import services as accounts
@@ -26,6 +29,7 @@ from apps.artifacts import services as artifacts
 from apps.core import access
 from apps.core.models import RoleBinding
 from apps.pipelines import services as pipelines
+from apps.pipelines.delivery import revisions
 from apps.records import services as records
 from apps.records.models import Record
 from apps.secrets import services as secrets
@@ -140,6 +144,17 @@ class Place:
     secret: str
     account: str  # a service account of the namespace
     account_token: str  # the id of one of its tokens
+    revision: str  # the digest of a revision of the namespace
+    archive: bytes  # pipeline code not pushed yet (a tar.gz)
+
+
+def _code(namespace: str, name: str) -> Path:
+    root = Path(tempfile.mkdtemp(prefix="routes-code-"))
+    (root / "p.py").write_text(
+        "from pydantic import BaseModel\nfrom graphene_sdk import pipeline\n\n\nclass In(BaseModel):\n    pass\n\n\n"
+        f"@pipeline({name!r}, inputs=In)\ndef p(ctx, inputs):\n    return None\n"
+    )
+    return root
 
 
 def _place(namespace: str, pipeline: str) -> Place:
@@ -155,8 +170,22 @@ def _place(namespace: str, pipeline: str) -> Place:
     account_token = accounts.service_account_token_issue(account=account).token
     # the stand of the pipeline holds one record, so its stand routes have something to act on
     pipelines.stand_get(pipeline, namespace=namespace)
+    revision = revisions.revision_materialize(tree=_code(namespace, f"routes.{namespace}"), namespace=namespace)
+    archive = _delivery.pack(_code(namespace, f"routes.new-{namespace}"), max_bytes=10**6)
     return Place(
-        namespace, stand, held, run, agent, command, artifact, pipeline, secret, account.name, str(account_token.pk)
+        namespace,
+        stand,
+        held,
+        run,
+        agent,
+        command,
+        artifact,
+        pipeline,
+        secret,
+        account.name,
+        str(account_token.pk),
+        revision.revision.digest,
+        archive,
     )
 
 
@@ -198,6 +227,11 @@ def _routes(p: Place) -> list[tuple[str, str, Any]]:
         ("GET", "/api/v1/pipelines/", None),
         ("GET", f"/api/v1/pipelines/{p.pipeline}/", None),
         ("POST", f"/api/v1/pipelines/{p.pipeline}/runs/", {"inputs": {"steps": 0}}),
+        ("POST", f"/api/v1/pipelines/{p.pipeline}/activate/", {"revision": p.revision}),
+        ("GET", f"/api/v1/pipelines/{p.pipeline}/events/", None),
+        ("GET", "/api/v1/revisions/", None),
+        ("GET", f"/api/v1/revisions/{p.revision}/", None),
+        ("POST", f"/api/v1/revisions/?namespace={p.namespace}", p.archive),
         ("GET", "/api/v1/runs/", None),
         ("GET", f"/api/v1/runs/{p.run.pk}/", None),
         ("GET", f"/api/v1/runs/{p.run.pk}/events/", None),
@@ -260,6 +294,8 @@ def _a_binding(namespace: str) -> int:
 def _send(client: APIClient, method: str, path: str, body: Any) -> Any:
     if method == "POST" and "/artifacts/?" in path:
         return client.generic("POST", path, "bytes", content_type="application/octet-stream")
+    if isinstance(body, bytes):  # an archive of pipeline code
+        return client.generic(method, path, body, content_type="application/gzip")  # type: ignore[arg-type]
     if body is None:
         return client.generic(method, path)
     return client.generic(method, path, json.dumps(body), content_type="application/json")

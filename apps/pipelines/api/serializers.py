@@ -5,10 +5,14 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
+from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent
 
 
 class PipelineOutput(serializers.ModelSerializer):
+    revision = serializers.SerializerMethodField(
+        help_text="the digest of the active revision (what new runs start on); null: installed on the workers"
+    )
+
     class Meta:
         model = Pipeline
         fields = [
@@ -21,9 +25,80 @@ class PipelineOutput(serializers.ModelSerializer):
             "concurrency",
             "max_pending",
             "timeout_seconds",
+            "revision",
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_revision(self, obj: Pipeline) -> str | None:
+        return obj.revision.digest if obj.revision_id is not None and obj.revision is not None else None
+
+
+class RevisionOutput(serializers.ModelSerializer):
+    """An immutable revision of pipeline code: its digest, where it came from, what it defines."""
+
+    # The source's name (a git source), null for a pushed directory. DRF takes declared fields off
+    # the class, so this does not shadow Field.source at runtime, only for mypy.
+    source = serializers.CharField(  # type: ignore[assignment]
+        source="source.name", read_only=True, allow_null=True, default=None
+    )
+    created_by = serializers.SerializerMethodField()
+    pipelines = serializers.SerializerMethodField(help_text="the names of the pipelines it defines")
+
+    class Meta:
+        model = Revision
+        fields = [
+            "id",
+            "digest",
+            "namespace",
+            "size",
+            "source",
+            "commit",
+            "pipelines",
+            "manifest",
+            "created_by",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_created_by(self, obj: Revision) -> str | None:
+        return obj.created_by.get_username() if obj.created_by_id and obj.created_by else None
+
+    def get_pipelines(self, obj: Revision) -> list[str]:
+        return obj.pipeline_names()
+
+
+class PushOutput(RevisionOutput):
+    created = serializers.SerializerMethodField(help_text="false: the namespace had a revision of these files")
+    activated = serializers.SerializerMethodField(help_text="the pipelines this push made active")
+
+    class Meta(RevisionOutput.Meta):
+        fields = [*RevisionOutput.Meta.fields, "created", "activated"]
+        read_only_fields = fields
+
+    def get_created(self, obj: Revision) -> bool:
+        return bool(self.context["created"])
+
+    def get_activated(self, obj: Revision) -> list[str]:
+        return list(self.context["activated"])
+
+
+class PipelineEventOutput(serializers.ModelSerializer):
+    """A delivery event of a pipeline: an activation or a rollback, by whom."""
+
+    actor = serializers.SerializerMethodField()
+
+    class Meta:
+        model = PipelineEvent
+        fields = ["id", "reason", "message", "data", "actor", "created_at"]
+        read_only_fields = fields
+
+    def get_actor(self, obj: PipelineEvent) -> str | None:
+        return obj.actor.get_username() if obj.actor_id and obj.actor else None
+
+
+class ActivateInput(serializers.Serializer):
+    revision = serializers.CharField(max_length=80, help_text="a revision's id or at least 7 digits of its digest")
 
 
 class JournalEntryOutput(serializers.ModelSerializer):
@@ -56,6 +131,9 @@ class RunOutput(serializers.ModelSerializer):
         source="parent_run_id", read_only=True, allow_null=True, help_text="the run that started this one"
     )
     parent_name = serializers.SerializerMethodField(help_text="the parent run as pipeline#number")
+    revision = serializers.SerializerMethodField(
+        help_text="the digest of the revision the run executes and replays; null: code installed on the workers"
+    )
 
     class Meta:
         model = Run
@@ -64,6 +142,7 @@ class RunOutput(serializers.ModelSerializer):
             "pipeline",
             "namespace",
             "number",
+            "revision",
             "status",
             "record",
             "parent",
@@ -84,6 +163,9 @@ class RunOutput(serializers.ModelSerializer):
 
     def get_parent_name(self, obj: Run) -> str | None:
         return str(obj.parent_run) if obj.parent_run_id is not None and obj.parent_run is not None else None
+
+    def get_revision(self, obj: Run) -> str | None:
+        return obj.revision.digest if obj.revision_id is not None and obj.revision is not None else None
 
 
 class RunDetailOutput(RunOutput):
@@ -114,10 +196,17 @@ class RunStartInput(serializers.Serializer):
     inputs = _Inputs(
         required=False, default=dict, help_text="the pipeline's inputs, checked strictly against its schema"
     )
+    revision = serializers.CharField(
+        required=False,
+        max_length=80,
+        help_text="a draft start: this revision (id or digest prefix) instead of the pipeline's active one",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # A misspelt key (``input``) must not start a run with every default.
         unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
         if unknown:
-            raise serializers.ValidationError({name: ["unknown field; a start takes inputs"] for name in unknown})
+            raise serializers.ValidationError(
+                {name: ["unknown field; a start takes inputs and revision"] for name in unknown}
+            )
         return attrs

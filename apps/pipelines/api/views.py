@@ -16,6 +16,8 @@ from apps.api.params import DoorChecks, uuid_param
 from apps.api.permissions import request_namespace
 from apps.pipelines import selectors, services
 from apps.pipelines.api.serializers import (
+    ActivateInput,
+    PipelineEventOutput,
     PipelineOutput,
     RunDetailOutput,
     RunEventOutput,
@@ -23,6 +25,7 @@ from apps.pipelines.api.serializers import (
     RunStartInput,
 )
 from apps.pipelines.choices import RunStatus
+from apps.pipelines.delivery import revisions
 from apps.pipelines.models import Pipeline, Run
 
 JOURNAL_LIMIT = 1000
@@ -41,7 +44,13 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
     serializer_class = PipelineOutput
     pagination_class = ByName
     access_resource = "pipelines"
-    access_verbs = {"list": "list", "retrieve": "get", "start": ("start", "runs")}
+    access_verbs = {
+        "list": "list",
+        "retrieve": "get",
+        "start": ("start", "runs"),
+        "activate": "update",
+        "events": "get",
+    }
     queryset = Pipeline.objects.none()
     lookup_field = "name"
     lookup_value_regex = r"[A-Za-z0-9_.-]+"
@@ -50,7 +59,7 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
     def list(self, request: Request) -> Response:
         """Every loaded pipeline, in name order, paged like every list."""
         services.pipelines_sync_all()
-        qs = selectors.pipeline_list(user=request.user)
+        qs = selectors.pipeline_list(user=request.user).select_related("revision")
         if namespace := request_namespace(request):
             qs = qs.filter(namespace=namespace)
         page = self.paginate_queryset(qs)
@@ -81,12 +90,37 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
         data = RunStartInput(data=request.data)
         data.is_valid(raise_exception=True)
         key = request.headers.get(IDEMPOTENCY_HEADER)
+        draft = data.validated_data.get("revision")
         run = services.run_start(
-            pipeline_name=name, inputs=data.validated_data["inputs"], actor=request.user, idempotency_key=key
+            pipeline_name=name,
+            inputs=data.validated_data["inputs"],
+            actor=request.user,
+            idempotency_key=key,
+            revision=revisions.revision_find(user=request.user, ref=draft) if draft else None,
         )
         # The answer is built from the committed run alone: nothing after the commit can fail it.
         headers = {"Idempotent-Replayed": "true"} if getattr(run, "replayed", False) else {}
         return Response(RunOutput(run).data, status=status.HTTP_201_CREATED, headers=headers)
+
+    @extend_schema(request=ActivateInput, responses=PipelineOutput)
+    @action(detail=True, methods=["post"])
+    def activate(self, request: Request, name: str) -> Response:
+        """Make a revision the pipeline's active one: new runs start on it; runs started before
+        keep theirs. Activating an older revision is a rollback."""
+        data = ActivateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        revision = revisions.revision_find(user=request.user, ref=data.validated_data["revision"])
+        revisions.pipeline_activate(name=name, revision=revision, actor=request.user)
+        row = Pipeline.objects.select_related("revision").get(name=name)
+        return Response(PipelineOutput(row).data)
+
+    @extend_schema(responses=PipelineEventOutput(many=True))
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstById)
+    def events(self, request: Request, name: str) -> Response:
+        """The pipeline's delivery history, oldest first: each activation and rollback, by whom."""
+        row = services.pipeline_sync(services.definition_get(name, user=request.user))
+        page = self.paginate_queryset(row.events.select_related("actor").order_by("id"))
+        return self.get_paginated_response(PipelineEventOutput(page, many=True).data)
 
 
 class RunViewSet(DoorChecks, viewsets.GenericViewSet):
@@ -115,7 +149,7 @@ class RunViewSet(DoorChecks, viewsets.GenericViewSet):
             statuses=statuses,
             parent=uuid_param(request.query_params, "parent", noun="run"),
             namespace=request_namespace(request),
-        ).select_related("pipeline", "parent_run__pipeline")
+        ).select_related("pipeline", "parent_run__pipeline", "revision")
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(RunOutput(page, many=True).data)
 

@@ -88,7 +88,7 @@ def run_execute(*, run_id: Any) -> None:
         return
     run, token = acquired
     try:
-        definition = services.definition_get(run.pipeline.name)
+        definition = services.definition_for_run(run)
         inputs = definition.inputs.model_validate(run.inputs)
     except Exception as exc:
         services.run_finish(run=run, status=RunStatus.FAILED, error=f"cannot load the pipeline: {exc}", token=token)

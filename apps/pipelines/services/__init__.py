@@ -13,6 +13,7 @@ Celery carries run ids; the row decides what happens.
 """
 
 from apps.pipelines.services.definitions import (
+    definition_for_run,
     definition_get,
     inputs_validate,
     pipeline_sync,
@@ -44,6 +45,7 @@ from apps.pipelines.services.transitions import (
 __all__ = [
     "Actor",
     "IllegalRunTransition",
+    "definition_for_run",
     "definition_get",
     "inputs_validate",
     "pipeline_sync",

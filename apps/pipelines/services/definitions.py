@@ -17,7 +17,8 @@ from graphene_sdk import registered
 from apps.core import access, validation
 from apps.core.errors import NotFound
 from apps.core.models import Namespace
-from apps.pipelines.models import Pipeline
+from apps.pipelines.delivery import loader
+from apps.pipelines.models import Pipeline, Revision, Run
 
 _load_lock = threading.Lock()
 _loaded = False
@@ -55,17 +56,39 @@ def pipelines_load() -> dict[str, Definition[Any, Any]]:
     return registered()
 
 
-def definition_get(name: str, *, user: Any = None) -> Definition[Any, Any]:
-    """The loaded pipeline ``name``. With ``user``: only if they may see pipelines in its
+def _delivered(name: str) -> Pipeline | None:
+    """The row of pipeline ``name`` if it is delivered as revisions (it has an active one)."""
+    return Pipeline.objects.select_related("revision").filter(name=name, revision__isnull=False).first()
+
+
+def definition_get(name: str, *, user: Any = None, revision: Revision | None = None) -> Definition[Any, Any]:
+    """The pipeline ``name``: the code installed on the workers, else its active revision's
+    (or ``revision``'s: a draft start). With ``user``: only if they may see pipelines in its
     namespace (else the same 404 as an unknown name, which lists only what they may see)."""
     loaded = pipelines_load()
+    found = loaded.get(name)
+    if found is None:
+        target = revision
+        if target is None and (row := _delivered(name)) is not None:
+            target = row.revision
+        if target is not None:
+            found = loader.definition(target, name)
+    if found is not None and (user is None or access.may(user, "get", "pipelines", found.namespace)):
+        return found
+    visible = [n for n, d in loaded.items() if user is None or access.may(user, "get", "pipelines", d.namespace)]
+    delivered = Pipeline.objects.filter(revision__isnull=False)
     if user is not None:
-        loaded = {n: d for n, d in loaded.items() if access.may(user, "get", "pipelines", d.namespace)}
-    try:
-        return loaded[name]
-    except KeyError:
-        known = ", ".join(sorted(loaded)) or "none"
-        raise NotFound(f"no pipeline {name!r} is loaded; loaded pipelines: {known}") from None
+        delivered = access.scope(delivered, user, "get", "pipelines")
+    known = ", ".join(sorted({*visible, *delivered.values_list("name", flat=True)})) or "none"
+    raise NotFound(f"no pipeline {name!r} is loaded; loaded pipelines: {known}")
+
+
+def definition_for_run(run: Run) -> Definition[Any, Any]:
+    """The code ``run`` executes and replays: its own revision's, always (the pipeline's active
+    revision may have moved on since it started), or the code installed on the workers."""
+    if run.revision_id is not None:
+        return loader.definition(run.revision, run.pipeline.name)  # type: ignore[arg-type]
+    return definition_get(run.pipeline.name)
 
 
 def _pipeline_fields(definition: Definition[Any, Any]) -> dict[str, Any]:
@@ -84,10 +107,13 @@ def _pipeline_fields(definition: Definition[Any, Any]) -> dict[str, Any]:
 
 def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = None) -> Pipeline:
     """The Pipeline row for a loaded definition, updated if the code changed (``row``: the
-    row as read already, to spare the read)."""
-    fields = _pipeline_fields(definition)
+    row as read already, to spare the read). A pipeline delivered as revisions keeps the row
+    its activation wrote."""
     if row is None:
         row = Pipeline.objects.filter(name=definition.name).first()
+    if row is not None and row.revision_id is not None:
+        return row
+    fields = _pipeline_fields(definition)
     if row is None:
         # A pipeline's code names its namespace: loading it brings the namespace into being
         # (deploying pipeline code is an operator's act; who may see it is still bindings' to say).
@@ -110,7 +136,8 @@ def pipelines_sync_all() -> list[Pipeline]:
     definitions = sorted(pipelines_load().items())
     existing = {p.name: p for p in Pipeline.objects.filter(name__in=[name for name, _ in definitions])}
     rows = [pipeline_sync(d, row=existing.get(name)) for name, d in definitions]
-    Pipeline.objects.exclude(pk__in=[r.pk for r in rows]).filter(is_loaded=True).update(is_loaded=False)
+    stale = Pipeline.objects.exclude(pk__in=[r.pk for r in rows]).filter(is_loaded=True, revision__isnull=True)
+    stale.update(is_loaded=False)
     return rows
 
 

@@ -15,14 +15,14 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from graphene_sdk import registered
 
 from apps.agents.models import AgentCommand
 from apps.core import domain
-from apps.core.errors import Conflict
+from apps.core.errors import Conflict, GrapheneError
 from apps.observability import metrics
 from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Run, RunWait
+from apps.pipelines.services.definitions import definition_for_run
 from apps.pipelines.services.transitions import Actor, run_enqueue_on_commit, run_lock, run_transition
 from apps.records import services as records
 from apps.records.choices import Phase
@@ -285,7 +285,10 @@ def run_finish(
 def run_promote(run: Run, *, reason: str) -> None:
     """A waiting run (locked by the caller) takes its turn: queued, with its deadline from now."""
     deadline = None
-    definition = registered().get(run.pipeline.name)
+    try:
+        definition = definition_for_run(run)
+    except GrapheneError:  # its code is gone: it fails when it executes, with the reason
+        definition = None
     if definition is not None and definition.timeout:
         deadline = timezone.now() + definition.timeout
     run_transition(run=run, to=RunStatus.QUEUED, reason=reason, fields={"deadline_at": deadline})

@@ -10,10 +10,10 @@ from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 
 from apps.core import access
-from apps.core.errors import Conflict, GrapheneError, ValidationFailed
+from apps.core.errors import Conflict, GrapheneError, NotFound, ValidationFailed
 from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
-from apps.pipelines.models import Pipeline, Run, RunWait
-from apps.pipelines.services.definitions import definition_get, inputs_validate, pipeline_sync
+from apps.pipelines.models import Pipeline, Revision, Run, RunWait
+from apps.pipelines.services.definitions import definition_for_run, definition_get, inputs_validate, pipeline_sync
 from apps.pipelines.services.lifecycle import run_finish
 from apps.pipelines.services.transitions import (
     Actor,
@@ -41,6 +41,7 @@ def _create_run(
     group: int | None = None,
     group_index: int | None = None,
     idempotency_key: str | None = None,
+    revision: Revision | None = None,
 ) -> Run:
     number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
     root = records.record_create_root(
@@ -61,6 +62,7 @@ def _create_run(
         group=group,
         group_index=group_index,
         idempotency_key=idempotency_key,
+        revision=revision,
     )
     message = f"started by run {parent}" if parent is not None else ""
     run_created(run=run, reason=reason, message=message, actor=actor)
@@ -106,7 +108,14 @@ def _replay(row: Pipeline, key: str, inputs: dict[str, Any]) -> Run | None:
     return earlier
 
 
-def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None, idempotency_key: str | None = None) -> Run:
+def run_start(
+    *,
+    pipeline_name: str,
+    inputs: Any,
+    actor: Actor = None,
+    idempotency_key: str | None = None,
+    revision: Revision | None = None,
+) -> Run:
     """Validate the inputs, apply the pipeline's concurrency policy, create the run, enqueue it.
 
     ``queue``: the run waits its turn behind the active one (refused beyond ``max_pending``);
@@ -116,16 +125,30 @@ def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None, idempoten
     returns its run, marked ``replayed``, and changes nothing (no policy applied again); with
     other inputs it is ``IdempotencyKeyReused`` (422). The key is stored with the run, in the
     transaction that creates it.
+
+    The run executes (and always replays) the pipeline's active revision as it is now, or
+    ``revision`` (a draft: a revision that is not active); a pipeline installed on the workers
+    has none.
     """
     if idempotency_key is not None:
         idempotency_key_check(idempotency_key)
-    definition = definition_get(pipeline_name, user=actor)
+    if revision is not None and pipeline_name not in revision.pipeline_names():
+        raise NotFound(
+            f"revision {revision.short} defines no pipeline {pipeline_name!r}; "
+            f"it defines: {', '.join(revision.pipeline_names()) or 'none'}"
+        )
+    definition = definition_get(pipeline_name, user=actor, revision=revision)
     if actor is not None:
         access.require(actor, "start", "runs", definition.namespace)
     clean = inputs_validate(definition, inputs)
     with transaction.atomic():
         row = pipeline_sync(definition)
         row = Pipeline.objects.select_for_update().get(pk=row.pk)  # serializes numbering and turns
+        pinned = revision or (row.revision if row.revision_id is not None else None)
+        if pinned is not None and revision is None:
+            # The revision active now, under the lock (activation may have moved it since).
+            definition = definition_get(pipeline_name, revision=pinned)
+            clean = inputs_validate(definition, inputs)
         if idempotency_key is not None and (earlier := _replay(row, idempotency_key, clean)) is not None:
             return earlier
         status, reason = RunStatus.QUEUED, "Started"
@@ -157,6 +180,7 @@ def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None, idempoten
             reason=reason,
             actor=actor,
             idempotency_key=idempotency_key,
+            revision=pinned,
         )
     return run
 
@@ -164,8 +188,11 @@ def run_start(*, pipeline_name: str, inputs: Any, actor: Actor = None, idempoten
 def run_start_children(
     *, parent: Run, pipeline_name: str, inputs: list[Any], concurrency: int, group: int
 ) -> list[Run]:
-    """Start the child runs of a ``run_all``: the first ``concurrency`` queued, the rest waiting."""
-    definition = definition_get(pipeline_name)
+    """Start the child runs of a ``run_all``: the first ``concurrency`` queued, the rest waiting.
+    A child runs its pipeline from the parent's own revision when that defines it, else from
+    the pipeline's active revision (each child keeps the one it started on)."""
+    revision = parent.revision if parent.revision_id and pipeline_name in parent.revision.pipeline_names() else None  # type: ignore[union-attr]
+    definition = definition_get(pipeline_name, revision=revision)
     if definition.namespace != parent.namespace:
         raise access.AccessDenied(
             f"run {parent} (namespace {parent.namespace!r}) may not start pipeline {pipeline_name!r} "
@@ -174,6 +201,9 @@ def run_start_children(
     clean = [inputs_validate(definition, item) for item in inputs]
     row = pipeline_sync(definition)
     row = Pipeline.objects.select_for_update().get(pk=row.pk)
+    if revision is None and row.revision_id is not None:
+        revision = row.revision
+        definition = definition_get(pipeline_name, revision=revision)
     return [
         _create_run(
             definition=definition,
@@ -186,6 +216,7 @@ def run_start_children(
             group_index=index,
             # Derived from the cause: a replayed parent can never start the same child twice.
             idempotency_key=f"child:{parent.pk}:{group}:{index}",
+            revision=revision,
         )
         for index, item in enumerate(clean)
     ]
@@ -230,7 +261,7 @@ def run_resume(*, run: Run, actor: Actor = None) -> Run:
                     actor=actor,
                 )
             fields |= {"record": root, "finished_at": None, "error": "", "outputs": None}
-            definition = definition_get(run.pipeline.name)
+            definition = definition_for_run(run)
             if definition.timeout:
                 fields["deadline_at"] = timezone.now() + definition.timeout
         RunWait.objects.filter(run=run).delete()

@@ -1,0 +1,1 @@
+"""Pipeline delivery: sources, immutable revisions, activation, and loading by revision."""

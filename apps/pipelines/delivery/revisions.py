@@ -1,0 +1,358 @@
+"""Revisions: materializing pipeline code (a pushed archive, a git commit's tree) into an
+immutable revision, activating a revision's pipelines, and reading them.
+
+Materializing a tree: pack it canonically (its digest depends on the files alone), and if the
+namespace has no revision of that digest yet, describe it in a fresh subprocess with a time
+limit (``python -I -m graphene_sdk._delivery describe``: it imports the code, so nothing the
+code does reaches this process), refuse it with the reason if that fails, else store the
+archive in the blob store and the manifest in a row. A refused tree changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
+from graphene_sdk import _delivery
+
+from apps.artifacts import blobs
+from apps.artifacts import services as artifacts
+from apps.core import access, audit
+from apps.core.db import is_postgresql
+from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.core.models import Namespace
+from apps.pipelines.models import Pipeline, PipelineEvent, Revision, Source
+
+logger = logging.getLogger(__name__)
+
+TRACEBACK_CHARS = 6000
+
+
+class RevisionRefused(ValidationFailed):
+    """Code that cannot be a revision: the detail says why (the import's traceback, the missing
+    modules, the size) and what to do. Nothing was stored."""
+
+    code = "revision_refused"
+
+
+@dataclass
+class Materialized:
+    revision: Revision
+    created: bool
+    activated: list[str] = field(default_factory=list)
+
+
+def max_bytes() -> int:
+    return int(settings.GRAPHENE_REVISION_MAX_BYTES)
+
+
+# --- describing -----------------------------------------------------------------------------------
+
+
+def _describe(tree: Path, namespace: str) -> dict[str, Any]:
+    """The manifest of the code in ``tree``, from a subprocess that imports it."""
+    timeout = float(settings.GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS)
+    argv = [sys.executable, "-I", "-m", "graphene_sdk._delivery", "describe", str(tree), "--namespace", namespace]
+    # Not this process's environment: it holds the database's and the secrets' keys.
+    env = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TZ", "HOME") if key in os.environ}
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env, cwd=tree
+        )
+    except subprocess.TimeoutExpired:
+        raise RevisionRefused(
+            f"importing the code took longer than {timeout:g}s (GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS): "
+            "a module does work at import time that belongs in the pipeline's steps"
+        ) from None
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise RevisionRefused(
+            f"describing the code failed (exit {done.returncode}): {done.stderr.strip()[-TRACEBACK_CHARS:]}"
+        )
+    if not answer.get("ok"):
+        trace = str(answer.get("traceback") or "").strip()
+        detail = str(answer.get("error") or "the code cannot be described")
+        raise RevisionRefused(detail + (f"\n{trace[-TRACEBACK_CHARS:]}" if trace else ""))
+    manifest: dict[str, Any] = answer["manifest"]
+    return manifest
+
+
+def _check_names(manifest: dict[str, Any], namespace: str) -> None:
+    """Pipelines of a revision are not installed on the workers, nor another namespace's."""
+    from apps.pipelines.services.definitions import pipelines_load
+
+    installed = pipelines_load()
+    names = [p["name"] for p in manifest["pipelines"]]
+    clash = sorted(n for n in names if n in installed)
+    if clash:
+        raise RevisionRefused(
+            f"{', '.join(clash)}: installed on the workers (GRAPHENE_PIPELINE_MODULES or GRAPHENE_PIPELINE_DIRS); "
+            "a revision cannot define a pipeline of that name: rename it, or remove it from the installed code"
+        )
+    elsewhere = list(
+        Pipeline.objects.filter(name__in=names).exclude(namespace=namespace).values_list("name", "namespace")
+    )
+    if elsewhere:
+        taken = ", ".join(f"{n} (namespace {ns})" for n, ns in sorted(elsewhere))
+        raise RevisionRefused(f"pipeline names are unique in the installation, and these are taken: {taken}")
+
+
+# --- materializing --------------------------------------------------------------------------------
+
+
+def _blob_store(data: bytes, digest: str) -> None:
+    staged = blobs.stage(blobs.chunks_of_bytes(data), expected_sha256=digest, limit=max_bytes())
+    try:
+        with transaction.atomic(), artifacts.digest_lock(digest):
+            blobs.commit(staged)
+    finally:
+        blobs.discard(staged)
+
+
+def revision_materialize(
+    *,
+    tree: Path,
+    namespace: str,
+    actor: Any = None,
+    source: Source | None = None,
+    commit: str = "",
+    activate: bool = False,
+) -> Materialized:
+    """The revision of the code in ``tree`` (the namespace's existing one when it holds the
+    same files), its pipelines activated when ``activate``. Call outside a transaction: the
+    describe subprocess may take a while."""
+    access.require_actor(actor, "create", "revisions", namespace)
+    access.namespace_check(namespace)
+    try:
+        data = _delivery.pack(tree, max_bytes=max_bytes())
+    except _delivery.TreeError as exc:
+        raise RevisionRefused(str(exc)) from None
+    digest = hashlib.sha256(data).hexdigest()
+    existing = Revision.objects.filter(namespace=namespace, digest=digest).first()
+    created = existing is None
+    if existing is None:
+        # Described from the canonical archive's own files: what runs is exactly what is stored.
+        with tempfile.TemporaryDirectory(prefix="graphene-describe-") as scratch:
+            canonical = Path(scratch) / "tree"
+            canonical.mkdir()
+            _delivery.unpack(data, canonical, max_bytes=max_bytes())
+            manifest = _describe(canonical, namespace)
+        _check_names(manifest, namespace)
+        existing = _revision_store(
+            data=data, digest=digest, namespace=namespace, manifest=manifest, actor=actor, source=source, commit=commit
+        )
+        created = existing.created_by_this_call  # type: ignore[attr-defined]
+    materialized = Materialized(revision=existing, created=created)
+    if activate:
+        for name in existing.pipeline_names():
+            if pipeline_activate(name=name, revision=existing, actor=actor, quiet_if_active=True):
+                materialized.activated.append(name)
+    return materialized
+
+
+def _revision_store(
+    *,
+    data: bytes,
+    digest: str,
+    namespace: str,
+    manifest: dict[str, Any],
+    actor: Any,
+    source: Source | None,
+    commit: str,
+) -> Revision:
+    _blob_store(data, digest)
+    who = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    try:
+        with transaction.atomic():
+            revision = Revision.objects.create(
+                namespace=namespace,
+                digest=digest,
+                size=len(data),
+                source=source,
+                commit=commit,
+                manifest=manifest,
+                created_by=who,
+            )
+            audit.audit_write(
+                action="revision.create",
+                resource="revisions",
+                object_id=revision.pk,
+                object_name=revision.short,
+                namespace=namespace,
+                before=None,
+                after=revision_audited(revision),
+                actor=actor,
+            )
+    except IntegrityError:  # the same files, materialized at the same moment by another caller
+        revision = Revision.objects.get(namespace=namespace, digest=digest)
+        revision.created_by_this_call = False  # type: ignore[attr-defined]
+        return revision
+    logger.info(
+        "revision %s materialized in namespace %s: %s", revision.short, namespace, ", ".join(revision.pipeline_names())
+    )
+    revision.created_by_this_call = True  # type: ignore[attr-defined]
+    return revision
+
+
+def revision_push(*, chunks: Iterable[bytes], namespace: str, actor: Any, activate: bool = True) -> Materialized:
+    """A revision from an uploaded archive (a tar, gzipped or not: ``graphenectl pipeline push``)."""
+    access.require_actor(actor, "create", "revisions", namespace)
+    access.namespace_check(namespace)
+    limit, received, parts = max_bytes(), 0, []
+    for chunk in chunks:
+        received += len(chunk)
+        if received > limit:
+            raise RevisionRefused(
+                f"the archive has more than {limit:,} bytes (GRAPHENE_REVISION_MAX_BYTES): keep data out of the "
+                "pipeline's directory (artifacts hold data)"
+            )
+        parts.append(chunk)
+    if not received:
+        raise RevisionRefused("the body is empty: send the directory as a tar archive (graphenectl pipeline push DIR)")
+    scratch = Path(tempfile.mkdtemp(prefix="graphene-push-"))
+    try:
+        try:
+            _delivery.unpack(b"".join(parts), scratch, max_bytes=limit)
+        except _delivery.TreeError as exc:
+            raise RevisionRefused(str(exc)) from None
+        return revision_materialize(tree=scratch, namespace=namespace, actor=actor, activate=activate)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def revision_audited(revision: Revision) -> dict[str, Any]:
+    return {
+        "id": revision.pk,
+        "digest": revision.digest,
+        "namespace": revision.namespace,
+        "source": revision.source_id,
+        "commit": revision.commit,
+        "pipelines": revision.pipeline_names(),
+    }
+
+
+# --- activating -----------------------------------------------------------------------------------
+
+
+def _pipeline_fields(entry: dict[str, Any], revision: Revision) -> dict[str, Any]:
+    return {
+        "namespace": revision.namespace,
+        "source": entry.get("source", ""),
+        "description": entry.get("description", ""),
+        "input_schema": entry.get("input_schema") or {},
+        "output_schema": entry.get("output_schema"),
+        "concurrency": entry.get("concurrency", "parallel"),
+        "max_pending": entry.get("max_pending"),
+        "timeout_seconds": entry.get("timeout_seconds"),
+        "is_loaded": True,
+        "revision": revision,
+    }
+
+
+def pipeline_activate(*, name: str, revision: Revision, actor: Any = None, quiet_if_active: bool = False) -> bool:
+    """Point pipeline ``name`` at ``revision``: new runs start on it (runs started before keep
+    theirs). Activating an older revision is a rollback. Returns whether anything changed."""
+    access.require_actor(actor, "update", "pipelines", revision.namespace)
+    entry = next((p for p in revision.manifest.get("pipelines", []) if p["name"] == name), None)
+    if entry is None:
+        defined = ", ".join(revision.pipeline_names()) or "none"
+        raise NotFound(f"revision {revision.short} defines no pipeline {name!r}; it defines: {defined}")
+    _check_names({"pipelines": [entry]}, revision.namespace)
+    with transaction.atomic():
+        Namespace.objects.get_or_create(name=revision.namespace)
+        row = Pipeline.objects.select_for_update().filter(name=name).first()
+        previous = row.revision if row is not None else None
+        if row is not None and row.revision_id == revision.pk:
+            if quiet_if_active:
+                return False
+            raise Conflict(f"revision {revision.short} is already the active revision of {name}", code="already_active")
+        fields = _pipeline_fields(entry, revision)
+        if row is None:
+            row = Pipeline.objects.create(name=name, **fields)
+        else:
+            for key, value in fields.items():
+                setattr(row, key, value)
+            row.save()
+        rollback = previous is not None and previous.created_at > revision.created_at
+        reason = "RolledBack" if rollback else "Activated"
+        message = (
+            f"revision {previous.short} → {revision.short}" if previous is not None else f"revision {revision.short}"
+        )
+        PipelineEvent.objects.create(
+            pipeline=row,
+            reason=reason,
+            message=message,
+            data={"from": str(previous.pk) if previous else None, "to": str(revision.pk), "digest": revision.digest},
+            actor=actor if actor is not None and getattr(actor, "is_authenticated", False) else None,
+        )
+        audit.audit_write(
+            action="pipeline.activate",
+            resource="pipelines",
+            object_id=row.pk,
+            object_name=name,
+            namespace=revision.namespace,
+            before={"revision": previous.digest if previous else None},
+            after={"revision": revision.digest},
+            detail={"rollback": rollback},
+            actor=actor,
+        )
+    logger.info("pipeline %s: %s (%s)", name, reason, message)
+    return True
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def revision_list(*, user: Any, namespace: str | None = None, pipeline: str | None = None) -> QuerySet[Revision]:
+    qs = access.scope(Revision.objects.all(), user, "list", "revisions")
+    if namespace:
+        qs = qs.filter(namespace=namespace)
+    if pipeline:
+        if is_postgresql():
+            qs = qs.filter(manifest__pipelines__contains=[{"name": pipeline}])
+        else:  # SQLite (embedded mode) has no JSON containment: its few revisions are read
+            ids = [r.pk for r in qs.only("id", "manifest") if pipeline in r.pipeline_names()]
+            qs = qs.filter(pk__in=ids)
+    return qs.select_related("source", "created_by").order_by("-created_at", "-id")
+
+
+def revision_find(*, user: Any, ref: str, namespace: str | None = None) -> Revision:
+    """A revision by id or by (a prefix of at least 7 characters of) its digest."""
+    qs = access.scope(Revision.objects.all(), user, "get", "revisions")
+    if namespace:
+        qs = qs.filter(namespace=namespace)
+    ref = ref.strip().lower().removeprefix("sha256:")
+    matches: list[Revision]
+    if len(ref) == 36 and ref.count("-") == 4:
+        matches = list(qs.filter(pk=ref)[:2])
+    elif len(ref) >= 7 and all(c in "0123456789abcdef" for c in ref):
+        matches = list(qs.filter(Q(digest__startswith=ref))[:2])
+    else:
+        matches = []
+    if not matches:
+        where = f" in namespace {namespace}" if namespace else ""
+        raise NotFound(f"no revision {ref[:80]!r}{where}: give a revision's id or at least 7 hex digits of its digest")
+    if len(matches) > 1:
+        raise ValidationFailed(f"{ref} names more than one revision: give more digits", fields={"revision": [ref]})
+    return matches[0]
+
+
+def revision_blob_holders(digests: Iterable[str]) -> set[str]:
+    """The digests among ``digests`` that revisions keep in the blob store."""
+    return set(Revision.objects.filter(digest__in=list(digests)).values_list("digest", flat=True))

@@ -1,0 +1,48 @@
+"""Opening a websocket to a test web server with websockets' synchronous client, over TLS.
+
+That client reads its socket on a thread of its own while the caller writes the opening
+request; on a loaded machine it has been seen (about once in a hundred opens) to finish the TLS
+handshake and then never deliver its request: the server's log shows no attempt from the
+client's port, while the server answers everything else. ``open_ws`` tries once more then,
+and only then; a server that received the request and did not answer fails the test.
+(Graphene's own clients, graphenectl and the agent, use the asyncio client.)"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from websockets.sync.client import ClientConnection, connect
+
+from tests.harness import tls
+
+
+def _open(host: str, port: int, url: str, timeout: float, **options: Any) -> tuple[ClientConnection | None, int]:
+    sock = socket.create_connection((host, port), timeout=timeout)
+    local = sock.getsockname()[1]
+    try:
+        return connect(url, sock=sock, proxy=None, open_timeout=timeout, **options), local
+    except TimeoutError:
+        sock.close()
+        return None, local
+
+
+def open_ws(url: str, *, log: Path, timeout: float = 10, **options: Any) -> ClientConnection:
+    """``websockets.sync.client.connect(url, **options)`` against the server writing ``log``
+    (its access log names each client's port); TLS with the session's CA unless ``ssl`` is given."""
+    scheme, _, rest = url.partition("://")
+    hostport = rest.split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if scheme == "wss":
+        options.setdefault("ssl", tls.context())
+        options.setdefault("server_hostname", host)
+    ws, local = _open(host, int(port), url, timeout, **options)
+    if ws is not None:
+        return ws
+    if f":{local} - - " in log.read_text(errors="replace"):
+        raise AssertionError(f"the server received the opening handshake from port {local} and did not answer")
+    print(f"the opening handshake from port {local} never reached the server; opening again")
+    ws, local = _open(host, int(port), url, timeout, **options)
+    assert ws is not None, f"the opening handshake from port {local} timed out again after {timeout}s"
+    return ws
