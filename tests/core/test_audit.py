@@ -572,6 +572,52 @@ def test_graphenectl_audit_shows_and_filters_the_trail(web: WebServer, django_us
     assert "--since" in refused.err
 
 
+@pytest.mark.system
+@pytest.mark.django_db(transaction=True)
+def test_graphenectl_audit_chooses_its_namespace_as_every_listing_does(
+    web: WebServer, django_user_model: Any, tmp_path: Any
+) -> None:
+    factories.bind_namespace("team-a")
+    records.record_create_root(kind="graphene.stand", name="a", namespace="team-a")
+    records.record_create_root(kind="graphene.stand", name="d", namespace="default")
+    anna = django_user_model.objects.create_user(username="anna", password="pw")
+    factories.bind(anna, "admin", "team-a")
+    root = django_user_model.objects.create_superuser(username="root", password="pw")
+    ctl = Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=factories.api_token(root))  # a row in *
+    everywhere = {"team-a", "default", "*"}
+
+    def namespaces(*args: str, env: dict[str, str] | None = None) -> set[str]:
+        return {r["namespace"] for r in ctl.ok(*args, "-o", "json", env=env).json()}
+
+    assert namespaces("audit") == everywhere  # none chosen: every namespace the caller may read
+    assert namespaces("audit", "-n", "team-a") == {"team-a"}
+    assert namespaces("audit", "--namespace", "default") == {"default"}
+    assert namespaces("-n", "team-a", "audit") == {"team-a"}  # the global -n
+    assert namespaces("audit", "-n", "*") == {"*"}  # the installation-wide objects' rows
+    assert namespaces("audit", env={"GRAPHENE_NAMESPACE": "default"}) == {"default"}
+    assert namespaces("audit", "-A", env={"GRAPHENE_NAMESPACE": "default"}) == everywhere
+    assert namespaces("-n", "default", "audit", "-A") == everywhere  # the command's -A wins
+    table = ctl.ok("audit", "-n", "team-a").out.splitlines()
+    assert table[0].split() == ["TIME", "ACTOR", "ACTION", "OBJECT", "NAMESPACE"]
+    assert {line.split()[-1] for line in table[1:]} == {"team-a"}
+    both = ctl("audit", "-n", "team-a", "-A")
+    assert both.code == 2, both
+    assert "exclude each other" in both.err
+    bad = ctl("audit", "-n", "Team_A")
+    assert bad.code == 2, bad
+    assert "is not a namespace name" in bad.err
+
+    # An admin of team-a reads team-a's rows, chosen or not, and is refused the others.
+    as_anna = {"GRAPHENE_TOKEN": factories.api_token(anna)}
+    assert namespaces("audit", env=as_anna) == {"team-a"}
+    assert namespaces("audit", "-A", env=as_anna) == {"team-a"}
+    assert namespaces("audit", "-n", "team-a", env=as_anna) == {"team-a"}
+    for where, said in (("default", "in namespace 'default'"), ("*", "in every namespace")):
+        refused = ctl("audit", "-n", where, env=as_anna)
+        assert refused.code == 1, refused
+        assert f"anna may not list audit {said}" in refused.err
+
+
 # --- the Studio's page ---------------------------------------------------------------------------------
 
 
