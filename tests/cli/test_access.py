@@ -130,7 +130,7 @@ def test_namespaces_are_made_listed_shown_and_deleted(ctl: Ctl) -> None:
     # A namespace that holds something is kept, and the server says what is left.
     ctl.ok("apply", "graphene.stand", "held", "-n", "cli-made")
     holding = refused(ctl("namespace", "delete", "cli-made"), 1)
-    assert "namespace 'cli-made' still holds 1 records; delete them first" in holding
+    assert "namespace 'cli-made' still holds 1 record; delete them first" in holding
     ctl.ok("namespace", "create", "cli-empty")
     assert "namespace/cli-empty deleted" in ctl.ok("namespace", "delete", "cli-empty").err
     assert not Namespace.objects.filter(name="cli-empty").exists()
