@@ -268,6 +268,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     from django.core.management import call_command
 
     from apps.accounts.services import admin_bootstrap
+    from apps.core import audit
 
     print(f"graphene: data directory {settings.DATA_DIR}", file=sys.stderr)
     tls = production_tls()
@@ -281,7 +282,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         tls = ServeTLS(cert_file=local.cert_path, key_file=local.key_path)
     check_tls_ca()
     call_command("migrate", interactive=False, verbosity=0)
-    creds = admin_bootstrap(data_dir=settings.DATA_DIR)
+    with audit.acting(audit.who_system("graphene up")):  # the trail's actor of the first admin
+        creds = admin_bootstrap(data_dir=settings.DATA_DIR)
     services = EmbeddedServices(concurrency=args.concurrency) if not args.no_worker else None
     if services is not None:
         services.start()
@@ -384,16 +386,19 @@ def cmd_token(args: argparse.Namespace) -> None:
     from datetime import timedelta
 
     from apps.accounts.services import user_token_issue
+    from apps.core import audit
     from apps.core.errors import GrapheneError
 
     try:
-        issued = user_token_issue(
-            username=args.username,
-            create_user=args.create_user,
-            rotate=args.rotate,
-            expires_in=timedelta(seconds=expires_in) if expires_in else None,
-            comment=args.comment,
-        )
+        # Nobody signs in here: the trail's rows are the command's, named after it.
+        with audit.acting(audit.who_system("graphene token")):
+            issued = user_token_issue(
+                username=args.username,
+                create_user=args.create_user,
+                rotate=args.rotate,
+                expires_in=timedelta(seconds=expires_in) if expires_in else None,
+                comment=args.comment,
+            )
     except GrapheneError as exc:
         fail(exc.detail)
     if args.output == "json":

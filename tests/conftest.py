@@ -80,7 +80,12 @@ def _empty_cache() -> None:
     failed authentications one test counts never refuse another's requests."""
     from django.core.cache import cache
 
+    from apps.core import access
+
     cache.clear()
+    # The namespaces this process saw exist (``access.namespace_check``): a test's rolled-back
+    # namespace must not pass for an existing one in the next test.
+    access._known.clear()
 
 
 @pytest.fixture

@@ -181,6 +181,16 @@ def test_graphene_up_serves_the_embedded_mode_end_to_end(servers: Callable[[], S
         assert runs_socket.response is not None
         assert runs_socket.response.status_code == 101
     assert http("GET", f"{api}/records/")[0] in {401, 403}, "the API must require authentication"
+    # The first admin and its token are in the audit trail, as the command's doing.
+    status, trail = http("GET", f"{api}/audit/?namespace=*", token=token)
+    assert status == 200, trail
+    first_rows = [(r["action"], r["object_name"], r["actor_kind"], r["actor_name"]) for r in trail["results"]]
+    assert first_rows[-2:] == [
+        ("token.create", f"{token[:12]}… of admin", "system", "graphene up"),
+        ("user.create", "admin", "system", "graphene up"),
+    ]
+    assert token[12:] not in json.dumps(trail)
+    assert creds["password"] not in json.dumps(trail)
     status, kinds = http("GET", f"{api}/kinds/", token=token)
     assert status == 200
     assert {"file", "test.sleep", "test.flaky"} <= {k["name"] for k in kinds}

@@ -27,7 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts.models import AccessToken, ServiceAccount
-from apps.core import validation
+from apps.core import audit, validation
 from apps.core.errors import Conflict, GrapheneError, NotFound, ValidationFailed
 from apps.core.events import publish_on_commit
 
@@ -134,6 +134,83 @@ def _service_account_of(user: Any) -> ServiceAccount | None:
     return account
 
 
+# --- the audit trail -------------------------------------------------------------------------------
+# Every write here leaves its row (apps/core/audit.py). A service account's tokens are in its
+# namespace; a person's tokens and users are installation-wide (``*``), as the access module
+# reads them. Never a key, nor its digest: a token's row names it by its first characters only.
+
+
+def _account_audited(account: ServiceAccount) -> dict[str, Any]:
+    return {
+        "namespace": account.namespace,
+        "name": account.name,
+        "description": account.description,
+        "username": SERVICE_ACCOUNT_USERNAME.format(namespace=account.namespace, name=account.name),
+        "disabled_at": account.disabled_at,
+    }
+
+
+def _audit_account(
+    action: str, account: ServiceAccount, *, actor: Actor, before: Any, after: Any, **detail: Any
+) -> None:
+    audit.audit_write(
+        action=action,
+        resource="accounts",
+        object_id=account.pk,
+        object_name=account.name,
+        namespace=account.namespace,
+        before=before,
+        after=after,
+        detail=detail,
+        actor=actor,
+    )
+
+
+def _token_audited(token: AccessToken, username: str) -> dict[str, Any]:
+    """What the digests cover of a token: never its key or the key's digest."""
+    return {
+        "id": token.pk,
+        "user": username,
+        "prefix": token.prefix,
+        "comment": token.comment,
+        "created_at": token.created_at,
+        "expires_at": token.expires_at,
+        "revoked_at": token.revoked_at,
+        "revoked_reason": token.revoked_reason,
+    }
+
+
+def _token_change(
+    action: str, token: AccessToken, *, user: Any, before: Any, after: Any, **detail: Any
+) -> audit.Change:
+    username = user.get_username()
+    account = _service_account_of(user)
+    return audit.Change(
+        action=action,
+        resource="accounts",
+        object_id=token.pk,
+        object_name=f"{token.prefix}… of {username}",
+        namespace=account.namespace if account is not None else audit.EVERYWHERE,
+        before=before,
+        after=after,
+        detail={"user": username, **detail},
+    )
+
+
+def _audit_user_created(user: Any, **detail: Any) -> None:
+    """A user the ``graphene`` command made (the first admin, ``--create-user``), as the
+    Studio's users' page records one."""
+    audit.audit_write(
+        action="user.create",
+        resource="users",
+        object_id=user.pk,
+        object_name=user.get_username(),
+        namespace=audit.EVERYWHERE,
+        after=audit.user_fields(user),
+        detail=detail,
+    )
+
+
 # --- issuing and revoking --------------------------------------------------------------------------
 
 
@@ -148,6 +225,9 @@ def _create(*, user: Any, lifetime: timedelta, comment: str, actor: Actor, now: 
         created_at=now,
         expires_at=now + lifetime,
     )
+    after = _token_audited(token, user.get_username())
+    change = _token_change("token.create", token, user=user, before=None, after=after, expires_at=token.expires_at)
+    audit.audit_write_many([change], actor=actor)
     return IssuedToken(token, key)
 
 
@@ -199,9 +279,14 @@ def access_token_revoke(*, token: AccessToken, actor: Actor = None, reason: str 
     token = AccessToken.objects.select_for_update(no_key=True).get(pk=token.pk)
     if token.revoked_at is not None:
         return token
+    username = token.user.get_username()
+    before = _token_audited(token, username)
     token.revoked_at = timezone.now()
     token.revoked_reason = reason[:200]
     token.save(update_fields=["revoked_at", "revoked_reason"])
+    after = _token_audited(token, username)
+    change = _token_change("token.revoke", token, user=token.user, before=before, after=after, reason=reason[:200])
+    audit.audit_write_many([change], actor=actor)
     _announce_revoked([(token.pk, token.prefix)], token.revoked_reason)
     logger.info("token %s of user %s revoked by %s: %s", token.prefix, token.user_id, _actor_id(actor), reason)
     return token
@@ -211,15 +296,21 @@ def access_token_revoke(*, token: AccessToken, actor: Actor = None, reason: str 
 def access_tokens_revoke_all(*, user: Any, actor: Actor = None, reason: str = "revoked") -> int:
     """Revoke every live token of ``user``; how many were revoked."""
     live = AccessToken.objects.select_for_update(no_key=True).filter(user=user, revoked_at__isnull=True)
-    tokens = list(live.values_list("pk", "prefix"))
-    if not tokens:
+    found = list(live.defer("digest").order_by("created_at", "pk"))
+    if not found:
         return 0
-    AccessToken.objects.filter(pk__in=[pk for pk, _ in tokens]).update(
-        revoked_at=timezone.now(), revoked_reason=reason[:200]
-    )
-    _announce_revoked(tokens, reason[:200])
-    logger.info("%d token(s) of user %s revoked by %s: %s", len(tokens), user.pk, _actor_id(actor), reason)
-    return len(tokens)
+    now, reason = timezone.now(), reason[:200]
+    AccessToken.objects.filter(pk__in=[t.pk for t in found]).update(revoked_at=now, revoked_reason=reason)
+    username, changes = user.get_username(), []
+    for token in found:
+        before = _token_audited(token, username)
+        token.revoked_at, token.revoked_reason = now, reason
+        after = _token_audited(token, username)
+        changes.append(_token_change("token.revoke", token, user=user, before=before, after=after, reason=reason))
+    audit.audit_write_many(changes, actor=actor)
+    _announce_revoked([(t.pk, t.prefix) for t in found], reason)
+    logger.info("%d token(s) of user %s revoked by %s: %s", len(found), user.pk, _actor_id(actor), reason)
+    return len(found)
 
 
 # --- authentication --------------------------------------------------------------------------------
@@ -325,6 +416,9 @@ def service_account_create(
                 created_by_id=_actor_id(actor),
                 created_at=timezone.now(),
             )
+            _audit_account(
+                "account.create", account, actor=actor, before=None, after=_account_audited(account), username=username
+            )
     except IntegrityError:  # created concurrently
         existing = ServiceAccount.objects.filter(namespace=namespace, name=name).first()
         taken = Conflict(
@@ -354,12 +448,16 @@ def service_account_delete(*, account: ServiceAccount, actor: Actor = None) -> t
     account = ServiceAccount.objects.select_for_update(no_key=True).select_related("user").get(pk=account.pk)
     if account.disabled_at is not None:
         return account, 0
+    before = _account_audited(account)
     account.disabled_at = timezone.now()
     account.save(update_fields=["disabled_at"])
     user = account.user
     user.is_active = False
     user.save(update_fields=["is_active"])
     revoked = access_tokens_revoke_all(user=user, actor=actor, reason="the service account was deleted")
+    _audit_account(
+        "account.delete", account, actor=actor, before=before, after=_account_audited(account), revoked_tokens=revoked
+    )
     logger.info("%s deleted by %s (%d token(s) revoked)", account, _actor_id(actor), revoked)
     return account, revoked
 
@@ -429,6 +527,7 @@ def user_token_issue(
             summary = "; ".join(" ".join(messages) for messages in fields.values())
             raise ValidationFailed(f"cannot create user {username!r}: {summary}", fields=fields) from None
         user.save()
+        _audit_user_created(user, api_only=True)
         created_user = True
     account = _service_account_of(user)
     if account is not None:
@@ -483,6 +582,7 @@ def admin_bootstrap(*, data_dir: Path, username: str = "admin") -> AdminCredenti
         return _admin_token_renew(user=existing, path=path)
     password = secrets.token_urlsafe(18)
     user = user_model.objects.create_superuser(username=username, email="", password=password)
+    _audit_user_created(user, first_admin=True)
     issued = access_token_issue(user=user, comment="the first admin's, saved in admin-credentials.json")
     data_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"username": username, "password": password, "token": issued.key}, indent=2))

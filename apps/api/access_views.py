@@ -123,7 +123,8 @@ class NamespaceViewSet(DoorChecks, viewsets.GenericViewSet[Namespace]):
 
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, name: str) -> Response:
-        """Delete an empty namespace (one holding records, runs, pipelines or secrets is a 409)."""
+        """Delete an empty namespace (one holding records, runs, pipelines or secrets is a 409
+        counting what is left; records' tombstones do not count)."""
         rbac.namespace_delete(name=name, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 

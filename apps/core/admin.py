@@ -154,18 +154,7 @@ class UserAccessAdmin(AuditedAdmin, UserAdmin):
     """People and service accounts' users (the rule: ``AuditedAdmin``'s)."""
 
     def audited(self, obj: Any) -> dict[str, Any]:
-        return {
-            "username": obj.get_username(),
-            "email": obj.email,
-            "first_name": obj.first_name,
-            "last_name": obj.last_name,
-            "is_active": obj.is_active,
-            "is_staff": obj.is_staff,
-            "is_superuser": obj.is_superuser,
-            "groups": sorted(obj.groups.values_list("name", flat=True)) if obj.pk else [],
-            "user_permissions": sorted(obj.user_permissions.values_list("codename", flat=True)) if obj.pk else [],
-            # Not the password's hash, however salted: only whether it changed (detail below).
-        }
+        return audit.user_fields(obj)  # as the graphene command's users are digested
 
     def user_change_password(self, request: HttpRequest, id: str, form_url: str = "") -> Any:
         """Django's page, in one transaction with its audit row: ``user.update`` with

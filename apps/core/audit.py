@@ -174,6 +174,23 @@ def digest(fields: Mapping[str, Any] | None) -> str | None:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def user_fields(user: Any) -> dict[str, Any]:
+    """What the digests cover of a user (the Studio's users' page, the ``graphene`` command's
+    first admin and ``--create-user``): never the password, not even its salted hash (a
+    password change says so in its row's detail instead)."""
+    return {
+        "username": user.get_username(),
+        "email": user.email,
+        "first_name": user.first_name,
+        "last_name": user.last_name,
+        "is_active": user.is_active,
+        "is_staff": user.is_staff,
+        "is_superuser": user.is_superuser,
+        "groups": sorted(user.groups.values_list("name", flat=True)) if user.pk else [],
+        "user_permissions": sorted(user.user_permissions.values_list("codename", flat=True)) if user.pk else [],
+    }
+
+
 # --- writing -----------------------------------------------------------------------------------
 
 

@@ -12,12 +12,27 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from apps.core import access, audit
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.core.models import Namespace, Role, RoleBinding
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+# A record's tombstone: ``apps.records.choices.Phase.DELETED`` (core imports no app above it).
+TOMBSTONE_PHASE = "deleted"
+
+# What a namespace may still hold that keeps it from being deleted, and which of it counts. A
+# record's tombstone is history, not something left in the namespace: it stays, with its events,
+# until the tombstones' purge (GRAPHENE_TOMBSTONE_RETENTION_DAYS). A record being deleted (its
+# deletion requested, ``deleting``, ``delete_failed``) is still there and counts.
+NAMESPACE_HOLDERS: tuple[tuple[str, Q], ...] = (
+    ("records.Record", ~Q(phase=TOMBSTONE_PHASE)),
+    ("pipelines.Run", Q()),
+    ("pipelines.Pipeline", Q()),
+    ("secrets.Secret", Q()),
+)
 
 
 def _audit(
@@ -95,7 +110,8 @@ def namespace_create(*, name: str, description: str = "", actor: Any) -> Namespa
 @transaction.atomic
 def namespace_delete(*, name: str, actor: Any) -> None:
     """Delete an empty namespace and its bindings. One that still holds something it names
-    (records, runs, pipelines, secrets) is refused, naming what is left."""
+    (records that are not tombstones, runs, pipelines, secrets) is refused, counting what is
+    left (``NAMESPACE_HOLDERS``)."""
     from django.apps import apps
 
     access.require_actor(actor, "delete", "namespaces", None)
@@ -105,11 +121,12 @@ def namespace_delete(*, name: str, actor: Any) -> None:
     if namespace is None:
         raise NotFound(f"no namespace {name!r}")
     left = []
-    for label in ("records.Record", "pipelines.Run", "pipelines.Pipeline", "secrets.Secret"):
+    for label, counted in NAMESPACE_HOLDERS:
         model = apps.get_model(label)
-        count = model.objects.filter(namespace=name).count()
+        count = model.objects.filter(counted, namespace=name).count()
         if count:
-            left.append(f"{count} {model._meta.verbose_name_plural}")
+            noun = model._meta.verbose_name if count == 1 else model._meta.verbose_name_plural
+            left.append(f"{count} {noun}")
     if left:
         raise Conflict(f"namespace {name!r} still holds {', '.join(left)}; delete them first")
     bindings = RoleBinding.objects.filter(namespace=name)

@@ -231,9 +231,13 @@ def _stands(*, user: User) -> QuerySet[Record]:
     )
 
 
-def stand_list(*, user: User) -> list[StandSummary]:
-    """The live stands of loaded pipelines, by name, with how much each holds."""
-    stands = list(_stands(user=user).order_by("name"))
+def stand_list(*, user: User, namespace: str | None = None) -> list[StandSummary]:
+    """The live stands of loaded pipelines, by name (then namespace), with how much each
+    holds; only ``namespace``'s when given."""
+    found = _stands(user=user)
+    if namespace:
+        found = found.filter(namespace=namespace)
+    stands = list(found.order_by("name", "namespace"))
     known = {p.name for p in pipeline_list(user=user)}
     live = record_visible(user=user).filter(tree_id__in=[s.tree_id for s in stands]).exclude(phase=Phase.DELETED)
     # order_by(): the tree manager orders by (tree_id, lft), which would group by record, not by tree.
@@ -247,9 +251,14 @@ def stand_list(*, user: User) -> list[StandSummary]:
     ]
 
 
-def stand_find(*, user: User, pipeline: str) -> Record | None:
-    """The pipeline's stand (the one ``services.stand_get`` gives), or None if it has none yet."""
-    return _stands(user=user).filter(name=pipeline).order_by("namespace").first()
+def stand_find(*, user: User, pipeline: str, namespace: str | None = None) -> Record | None:
+    """The pipeline's stand (the one ``services.stand_get`` gives), or None if it has none yet.
+    ``namespace``: the pipeline's, where its runs hand things over (a stand root of the same
+    name made by hand in another namespace is not its stand)."""
+    found = _stands(user=user).filter(name=pipeline)
+    if namespace is not None:
+        found = found.filter(namespace=namespace)
+    return found.order_by("namespace").first()
 
 
 def stand_holdings_expiring(*, user: User, before: datetime) -> int:
@@ -262,9 +271,9 @@ def stand_holdings_expiring(*, user: User, before: datetime) -> int:
     )
 
 
-def stand_holding(*, user: User, pipeline: str, record_id: Any) -> Record:
+def stand_holding(*, user: User, pipeline: str, record_id: Any, namespace: str | None = None) -> Record:
     """A record the pipeline's stand holds directly (what extend and release act on)."""
-    stand = stand_find(user=user, pipeline=pipeline)
+    stand = stand_find(user=user, pipeline=pipeline, namespace=namespace)
     record = record_get(user=user, record_id=record_id)
     if stand is None or record.parent_id != stand.pk or record.phase == Phase.DELETED:
         raise ValidationFailed(

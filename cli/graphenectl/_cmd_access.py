@@ -136,8 +136,9 @@ def namespace_create(
 
 @namespace_app.command("delete")
 def namespace_delete(name: Annotated[str, typer.Argument(metavar="NAME", help="an empty namespace")]) -> None:
-    """Delete an empty namespace and its role bindings (refused, naming what is left, while it
-    holds records, runs, pipelines or secrets; 'default' is never deleted)."""
+    """Delete an empty namespace and its role bindings (refused, counting what is left, while it
+    holds records, runs, pipelines or secrets; deleted records' tombstones do not count;
+    'default' is never deleted)."""
     session.client().request("DELETE", f"namespaces/{_namespace_name(name)}/")
     note(f"namespace/{name} deleted")
 

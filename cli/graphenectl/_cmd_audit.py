@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from graphenectl._options import OutputOpt
+from graphenectl import _config
+from graphenectl._options import AllNamespacesOpt, NamespaceOpt, OutputOpt
 from graphenectl._output import Column, Format, emit, info
 from graphenectl._session import session
 from graphenectl._time import parse_time, short_time
@@ -41,10 +42,20 @@ def _object_id(ref: str) -> str:
     return ident if slash and word in ("run", "runs", "record", "records", "agent", "agents") and ident else ref
 
 
+def _namespace(namespace: str | None, all_namespaces: bool) -> str | None:
+    """The ``?namespace=`` of the list: the namespace chosen as every listing chooses it (-n,
+    GRAPHENE_NAMESPACE, the context's); none with -A or none chosen. The command's own
+    ``-n '*'`` asks for the rows of installation-wide objects (namespaces, roles, users, a
+    person's tokens), which the trail keeps in ``*``."""
+    if namespace == _config.EVERY_NAMESPACE and not all_namespaces:
+        return _config.EVERY_NAMESPACE
+    session.choose(namespace=namespace, all_namespaces=all_namespaces)
+    return session.list_namespace()
+
+
 def audit(
-    namespace: Annotated[
-        str | None, typer.Option("--namespace", help="rows of this namespace (* for installation-wide objects)")
-    ] = None,
+    namespace: NamespaceOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
     actor: Annotated[
         str | None, typer.Option("--actor", help="rows of this actor: a username, pipeline#n, a run's or agent's id")
     ] = None,
@@ -68,11 +79,15 @@ def audit(
     action, the object and its namespace, the request id, and digests of the object before and
     after (-o wide shows them).
 
-    Examples: graphenectl audit --since 1h · graphenectl audit --action secret --namespace team-a ·
-    graphenectl audit --object run/<id> -o json
+    The rows of the namespace chosen (-n, GRAPHENE_NAMESPACE, the context's); with none chosen,
+    or -A, of every namespace where you may list the trail. -n '*' shows the rows of
+    installation-wide objects (namespaces, roles, users, a person's API tokens).
+
+    Examples: graphenectl audit --since 1h · graphenectl audit --action secret -n team-a ·
+    graphenectl audit -A --object run/<id> -o json · graphenectl audit -n '*' --action token
     """
     params = {
-        "namespace": namespace,
+        "namespace": _namespace(namespace, all_namespaces),
         "actor": actor,
         "action": action,
         "object": _object_id(obj) if obj else None,

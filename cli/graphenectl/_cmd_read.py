@@ -175,8 +175,8 @@ def _listing(
     chosen = session.list_namespace() if res.namespaced else None
 
     def many() -> tuple[Any, list[dict[str, Any]]]:
-        if not res.paginated:
-            body = client.get(f"{res.path}/")
+        if not res.paginated:  # one answer (kinds; stands, in the namespace chosen)
+            body = client.get(f"{res.path}/", {"namespace": chosen} if chosen is not None else None)
             return body, list(body)
         params: dict[str, Any] = {}
         keep: Callable[[dict[str, Any]], bool] = lambda _: True  # noqa: E731 - a default predicate
@@ -285,7 +285,7 @@ def get(
 ) -> None:
     """List records, runs, pipelines, stands, agents, kinds, orphans or artifacts, or show one by ID.
 
-    Records, runs, pipelines, agents and artifacts are listed in the namespace chosen (-n,
+    Records, runs, pipelines, stands, agents and artifacts are listed in the namespace chosen (-n,
     GRAPHENE_NAMESPACE, the context's); with none chosen, or -A, in every namespace you may
     see, with a NAMESPACE column.
 
@@ -573,7 +573,8 @@ def _describe_kind(k: dict[str, Any]) -> None:
 
 
 def _describe_stand(s: dict[str, Any]) -> None:
-    _kv([("Pipeline", s["pipeline"]), ("ID", s["id"]), ("Holdings", len(s.get("holdings", [])))])
+    holdings = len(s.get("holdings", []))
+    _kv([("Pipeline", s["pipeline"]), ("Namespace", s.get("namespace")), ("ID", s["id"]), ("Holdings", holdings)])
     if s.get("holdings"):
         TableWriter(HOLDING_COLUMNS, wide=True).write(s["holdings"])
     info(f"extend a holding: graphenectl extend <id> --by 4h · its tree: graphenectl tree stand/{s['pipeline']}")

@@ -11,9 +11,9 @@ import typer
 import yaml
 
 from graphenectl._errors import CliError, UsageError
-from graphenectl._options import NamespaceOpt, OutputOpt
+from graphenectl._options import AllNamespacesOpt, NamespaceOpt, OutputOpt
 from graphenectl._output import Format, emit, info, note
-from graphenectl._resources import HOLDING_COLUMNS, RECORD_COLUMNS, RESOURCES, STAND_COLUMNS
+from graphenectl._resources import HOLDING_COLUMNS, RECORD_COLUMNS, RESOURCES, STAND_COLUMNS, namespace_columns
 from graphenectl._session import record_id, session
 from graphenectl._time import parse_duration, ttl
 
@@ -227,13 +227,19 @@ stand_app = typer.Typer(
 
 
 @stand_app.command("list")
-def stand_list(output: OutputOpt = Format.table) -> None:
-    """The stands, with how many holdings and records each has."""
-    stands = session.client().get("stands/")
+def stand_list(
+    namespace: NamespaceOpt = None, all_namespaces: AllNamespacesOpt = False, output: OutputOpt = Format.table
+) -> None:
+    """The stands, with how many holdings and records each has: in the namespace chosen, else
+    in every namespace you may see (with a NAMESPACE column)."""
+    session.choose(namespace=namespace, all_namespaces=all_namespaces)
+    chosen = session.list_namespace()
+    stands = session.client().get("stands/", {"namespace": chosen} if chosen is not None else None)
     if not stands and output in (Format.table, Format.wide):
-        info("no stands yet (a run creates its pipeline's stand when it hands something over)")
+        where = f" in namespace {chosen!r}" if chosen else ""
+        info(f"no stands yet{where} (a run creates its pipeline's stand when it hands something over)")
         return
-    emit(stands, output, columns=STAND_COLUMNS, name_of=RESOURCES["stand"].name_of)
+    emit(stands, output, columns=namespace_columns(STAND_COLUMNS, chosen), name_of=RESOURCES["stand"].name_of)
 
 
 @stand_app.command("show")

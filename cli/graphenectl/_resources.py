@@ -79,6 +79,7 @@ STAND_COLUMNS = [
     Column("ID", lambda s: s["id"]),
     Column("HOLDINGS", lambda s: s.get("holdings")),
     Column("RECORDS", lambda s: s.get("records")),
+    Column("NAMESPACE", lambda s: s.get("namespace"), wide=True),
 ]
 
 HOLDING_COLUMNS = [
@@ -194,7 +195,7 @@ RESOURCES = {
         Resource("record", "records", ("rec", "recs", "r"), "records", RECORD_COLUMNS, "id", True, True),
         Resource("run", "runs", (), "runs", RUN_COLUMNS, "id", True, True),
         Resource("pipeline", "pipelines", ("pl", "pipe"), "pipelines", PIPELINE_COLUMNS, "name", True, True),
-        Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False),
+        Resource("stand", "stands", (), "stands", STAND_COLUMNS, "pipeline", False, True),
         Resource("agent", "agents", ("ag",), "agents", AGENT_COLUMNS, "id", True, True),
         Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),
         Resource("artifact", "artifacts", ("art", "arts"), "artifacts", ARTIFACT_COLUMNS, "id", True, True),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from apps.accounts.models import AccessToken, ServiceAccount
+from apps.core.models import AuditEntry
 from tests import factories
 from tests.factories import api_token
 from tests.harness.embedded import Ctl
@@ -89,6 +90,27 @@ def test_a_service_account_for_ci_from_creation_to_deletion(ctl: Ctl, web: WebSe
     assert "names are not reused" in again.err
     assert ServiceAccount.objects.count() == 2
 
+    # Each write left its row, as the admin's (the refused creation none); never a key.
+    ci = ServiceAccount.objects.get(namespace="default", name="ci")
+    rows = list(AuditEntry.objects.filter(resource="accounts", namespace="default").order_by("id"))
+    tokens = dict(AccessToken.objects.filter(user=ci.user).values_list("prefix", "pk"))
+    assert [(r.action, r.object_id) for r in rows] == [
+        ("account.create", str(ci.pk)),
+        ("token.create", str(tokens[key[:12]])),
+        ("token.create", as_json["id"]),
+        ("token.revoke", str(tokens[key[:12]])),
+        ("token.revoke", as_json["id"]),
+        ("token.create", str(tokens[third[:12]])),
+        ("token.revoke", str(tokens[third[:12]])),
+        ("token.create", str(tokens[fourth[:12]])),
+        ("token.revoke", str(tokens[fourth[:12]])),
+        ("account.delete", str(ci.pk)),
+    ]
+    assert {(r.actor_kind, r.actor_name) for r in rows} == {("user", "root")}
+    assert AuditEntry.objects.filter(action="account.create", namespace="team-a", object_name="deploy").exists()
+    trail = str(list(AuditEntry.objects.values_list()))
+    assert not any(k[12:] in trail for k in (key, as_json["key"], third, fourth))
+
 
 def test_refusals_exit_with_their_codes_and_change_nothing(ctl: Ctl, django_user_model: Any) -> None:
     bad = ctl("account", "create", "CI")
@@ -135,3 +157,12 @@ def test_ones_own_tokens(ctl: Ctl, web: WebServer, admin_token: str) -> None:
     assert "was revoked at" in refused.err
     assert [t["status"] for t in as_new.ok("token", "list", "-o", "json").json()] == ["active", "revoked"]
     assert whoami(web, admin_token)[0] == 401
+
+    # A person's tokens are installation-wide: their rows are in *, as the user who acted.
+    new = next(t for t in rows if t["comment"] == "second machine")
+    trail = AuditEntry.objects.filter(action__startswith="token.", actor_kind="user").order_by("id")
+    assert [(r.action, r.object_id, r.namespace, r.actor_name) for r in trail] == [
+        ("token.create", new["id"], "*", "root"),
+        ("token.revoke", in_use["id"], "*", "root"),
+    ]
+    assert key[12:] not in str(list(trail.values_list()))

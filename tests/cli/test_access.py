@@ -130,7 +130,7 @@ def test_namespaces_are_made_listed_shown_and_deleted(ctl: Ctl) -> None:
     # A namespace that holds something is kept, and the server says what is left.
     ctl.ok("apply", "graphene.stand", "held", "-n", "cli-made")
     holding = refused(ctl("namespace", "delete", "cli-made"), 1)
-    assert "namespace 'cli-made' still holds 1 records; delete them first" in holding
+    assert "namespace 'cli-made' still holds 1 record; delete them first" in holding
     ctl.ok("namespace", "create", "cli-empty")
     assert "namespace/cli-empty deleted" in ctl.ok("namespace", "delete", "cli-empty").err
     assert not Namespace.objects.filter(name="cli-empty").exists()
@@ -286,6 +286,46 @@ def test_a_user_bound_in_one_namespace_sees_only_its_records_and_runs(ctl: Ctl, 
     assert [r["id"] for r in ctl.ok("get", "runs", "-n", "default", "-o", "json").json()] == [
         str(world["other_run"].pk)
     ]
+
+
+@pytest.mark.system
+@pytest.mark.django_db(transaction=True)
+def test_stands_are_listed_by_namespace(ctl: Ctl, bob: Any) -> None:
+    factories.bind(bob, "developer", TEAM)
+    services.pipelines_sync_all()
+    team = services.stand_get("sample.team-b", namespace=TEAM)
+    mine = services.stand_get("sample.cli")
+
+    # None chosen: every namespace, a NAMESPACE column first; -n: that one, the column in -o wide.
+    table = rows(ctl.ok("stand", "list"))
+    assert table[0] == ["NAMESPACE", "PIPELINE", "ID", "HOLDINGS", "RECORDS"]
+    assert [r[:3] for r in table[1:]] == [
+        ["default", "sample.cli", str(mine.pk)],
+        [TEAM, "sample.team-b", str(team.pk)],
+    ]
+    narrowed = rows(ctl.ok("stand", "list", "-n", TEAM))
+    assert narrowed == [["PIPELINE", "ID", "HOLDINGS", "RECORDS"], ["sample.team-b", str(team.pk), "0", "0"]]
+    assert rows(ctl.ok("stand", "list", "-n", TEAM, "-o", "wide"))[1][-1] == TEAM
+    in_team = {"GRAPHENE_NAMESPACE": TEAM}
+    assert [s["id"] for s in ctl.ok("stand", "list", "-o", "json", env=in_team).json()] == [str(team.pk)]
+    assert [s["namespace"] for s in ctl.ok("stand", "list", "-A", "-o", "json", env=in_team).json()] == [
+        "default",
+        TEAM,
+    ]
+    assert [s["id"] for s in ctl.ok("-n", "default", "stand", "list", "-o", "json").json()] == [str(mine.pk)]
+    # `get stands` lists the same way.
+    assert rows(ctl.ok("get", "stands"))[0][0] == "NAMESPACE"
+    assert [s["namespace"] for s in ctl.ok("get", "stands", "-n", TEAM, "-o", "json").json()] == [TEAM]
+    assert re.search(rf"^Namespace:\s+{TEAM}$", ctl.ok("describe", "stand/sample.team-b").out, flags=re.M)
+    ctl.ok("namespace", "create", "quiet")
+    assert "no stands yet in namespace 'quiet'" in ctl.ok("stand", "list", "-n", "quiet").err
+    assert "exclude each other" in refused(ctl("stand", "list", "-n", TEAM, "-A", env=dead_server()), 2)
+
+    # bob, a developer of team-b: team-b's stands, chosen or not; refused elsewhere.
+    env = as_user(ctl, bob)
+    assert [s["pipeline"] for s in ctl.ok("stand", "list", "-o", "json", env=env).json()] == ["sample.team-b"]
+    denied = refused(ctl("stand", "list", "-n", "default", env=env), 1)
+    assert "bob may not list stands in namespace 'default'" in denied
 
 
 @pytest.mark.system

@@ -418,7 +418,12 @@ def test_transfer_extend_release_and_the_stand(server: Server, ctl: Ctl) -> None
 
 
 def test_a_stand_is_made_when_named_as_an_owner_never_by_reading_it(server: Server, ctl: Ctl) -> None:
-    assert server.get("stands/environment/") == {"pipeline": "environment", "id": None, "holdings": []}
+    assert server.get("stands/environment/") == {
+        "pipeline": "environment",
+        "namespace": "default",
+        "id": None,
+        "holdings": [],
+    }
     missing = ctl("tree", "stand/environment")
     assert missing.code == 3, missing
     assert "does not exist yet" in missing.err

@@ -22,6 +22,8 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from apps.accounts.models import AccessToken, ServiceAccount
+from apps.accounts.services import admin_bootstrap
 from apps.agents import services as agents
 from apps.agents.models import Agent
 from apps.core import audit
@@ -255,6 +257,161 @@ def test_no_row_holds_a_secrets_value_or_its_digest(api: APIClient) -> None:
         assert hashlib.sha256(json.dumps(secret).encode()).hexdigest() not in text
 
 
+# --- accounts and tokens ------------------------------------------------------------------------------
+
+
+def _holds_no_key(rows: list[AuditEntry], keys: list[str]) -> None:
+    """No column of ``rows`` holds a key, the key's digest (what finds its token), or a long part
+    of it; its first characters (what lists show) may be there."""
+    text = json.dumps([{f.attname: str(getattr(r, f.attname)) for f in AuditEntry._meta.fields} for r in rows])
+    for key in keys:
+        assert key not in text
+        assert key[12:] not in text
+        assert hashlib.sha256(key.encode()).hexdigest() not in text
+
+
+@pytest.mark.django_db
+def test_service_accounts_and_their_tokens_over_rest_leave_their_rows_without_keys(django_user_model: Any) -> None:
+    factories.bind_namespace("team-a")
+    root = django_user_model.objects.create_superuser(username="root", password="pw")
+    api = _token_client(root)
+    where = "?namespace=team-a"
+    mark = _mark()
+    assert api.post(f"/api/v1/accounts/{where}", {"name": "ci"}, format="json").status_code == 201
+    account = ServiceAccount.objects.get(namespace="team-a", name="ci")
+    issued = []
+    for comment in ("one", "two", "three"):
+        response = api.post(f"/api/v1/accounts/ci/tokens/{where}", {"comment": comment}, format="json")
+        assert response.status_code == 201, response.content
+        issued.append(response.json())
+    one, two, three = (t["id"] for t in issued)
+    assert api.delete(f"/api/v1/accounts/ci/tokens/{one}/{where}").status_code == 200
+    assert api.delete(f"/api/v1/accounts/ci/tokens/{one}/{where}").status_code == 200  # again: nothing changes
+    assert api.delete(f"/api/v1/accounts/ci/tokens/{where}").json() == {"revoked_tokens": 2}
+    four = api.post(f"/api/v1/accounts/ci/tokens/{where}", {}, format="json").json()
+    assert api.delete(f"/api/v1/accounts/ci/{where}").json()["revoked_tokens"] == 1
+    assert api.delete(f"/api/v1/accounts/ci/{where}").status_code == 200  # deleted already: nothing changes
+
+    rows = _rows_after(mark)
+    assert [(r.action, r.object_id) for r in rows] == [
+        ("account.create", str(account.pk)),
+        ("token.create", one),
+        ("token.create", two),
+        ("token.create", three),
+        ("token.revoke", one),
+        ("token.revoke", two),  # --all: a row for each token, oldest first
+        ("token.revoke", three),
+        ("token.create", four["id"]),
+        ("token.revoke", four["id"]),  # the deletion revokes its tokens, then disables it
+        ("account.delete", str(account.pk)),
+    ]
+    assert {(r.actor_kind, r.actor_id, r.actor_name) for r in rows} == {("user", str(root.pk), "root")}
+    assert {(r.resource, r.namespace) for r in rows} == {("accounts", "team-a")}
+    assert all(re.fullmatch(r"[0-9a-f]{32}", r.request_id) for r in rows)
+    username = "system:serviceaccount:team-a:ci"
+    created, deleted = rows[0], rows[-1]
+    assert (created.object_name, created.detail, created.before_digest) == ("ci", {"username": username}, None)
+    assert (deleted.object_name, deleted.detail) == ("ci", {"revoked_tokens": 1})
+    assert deleted.before_digest == created.after_digest
+    assert DIGEST.match(deleted.after_digest or "")
+    assert deleted.after_digest != deleted.before_digest  # disabled, not gone: the row stays
+    tokens = {r.object_id: r for r in rows if r.action == "token.create"}
+    revokes = {r.object_id: r for r in rows if r.action == "token.revoke"}
+    for token in [*issued, four]:
+        made, revoked = tokens[token["id"]], revokes[token["id"]]
+        assert made.object_name == revoked.object_name == f"{token['prefix']}… of {username}"
+        assert made.detail == {"user": username, "expires_at": token["expires_at"].replace("Z", "+00:00")}
+        assert made.before_digest is None
+        assert revoked.before_digest == made.after_digest
+        assert revoked.after_digest not in (None, made.after_digest)
+    assert revokes[one].detail == {"user": username, "reason": "revoked"}
+    assert revokes[four["id"]].detail == {"user": username, "reason": "the service account was deleted"}
+    _holds_no_key(rows, [t["key"] for t in [*issued, four]])
+
+
+@pytest.mark.django_db
+def test_ones_own_tokens_leave_installation_wide_rows(user: Any) -> None:
+    api = _token_client(user)
+    mark = _mark()
+    made = api.post("/api/v1/tokens/", {"comment": "laptop"}, format="json").json()
+    assert api.delete(f"/api/v1/tokens/{made['id']}/").status_code == 200
+    rows = _rows_after(mark)
+    assert [(r.action, r.resource, r.object_id, r.namespace) for r in rows] == [
+        ("token.create", "accounts", made["id"], "*"),
+        ("token.revoke", "accounts", made["id"], "*"),
+    ]
+    assert {(r.actor_kind, r.actor_name, r.object_name) for r in rows} == {
+        ("user", "alice", f"{made['prefix']}… of alice")
+    }
+    _holds_no_key(rows, [made["key"]])
+
+
+@pytest.mark.django_db
+def test_the_graphene_token_command_leaves_its_rows_as_itself(
+    django_user_model: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from graphene_project.cli import main
+
+    mark = _mark()
+    main(["token", "ci-bot", "--create-user", "-o", "json"])
+    first = json.loads(capsys.readouterr().out)
+    main(["token", "ci-bot", "--rotate", "-o", "json"])
+    second = json.loads(capsys.readouterr().out)
+    bot = django_user_model.objects.get(username="ci-bot")
+    rows = _rows_after(mark)
+    assert [(r.action, r.resource, r.object_id, r.namespace) for r in rows] == [
+        ("user.create", "users", str(bot.pk), "*"),
+        ("token.create", "accounts", first["id"], "*"),
+        ("token.revoke", "accounts", first["id"], "*"),
+        ("token.create", "accounts", second["id"], "*"),
+    ]
+    # Nobody signs in to the command: its rows are the system's, named after it.
+    assert {(r.actor_kind, r.actor_id, r.actor_name, r.request_id) for r in rows} == {
+        ("system", "", "graphene token", "")
+    }
+    made_user = rows[0]
+    assert (made_user.object_name, made_user.detail, made_user.before_digest) == ("ci-bot", {"api_only": True}, None)
+    assert made_user.after_digest == audit.digest(audit.user_fields(bot))  # as the Studio's users' page digests
+    assert rows[2].detail == {"user": "ci-bot", "reason": "replaced by graphene token --rotate"}
+    _holds_no_key(rows, [first["token"], second["token"]])
+    # The context ends with the command: a later write is the plain system's.
+    with transaction.atomic():
+        assert audit.audit_write(action="x.y", resource="records", object_id="o", namespace="default").actor_name == (
+            "graphene"
+        )
+
+
+@pytest.mark.django_db
+def test_the_first_admin_and_its_token_leave_rows_without_password_or_key(
+    django_user_model: Any, tmp_path: Any
+) -> None:
+    mark = _mark()
+    with audit.acting(audit.who_system("graphene up")):
+        creds = admin_bootstrap(data_dir=tmp_path)
+    admin = django_user_model.objects.get(username="admin")
+    token = AccessToken.objects.get(user=admin)
+    rows = _rows_after(mark)
+    assert [(r.action, r.resource, r.object_id, r.object_name, r.namespace) for r in rows] == [
+        ("user.create", "users", str(admin.pk), "admin", "*"),
+        ("token.create", "accounts", str(token.pk), f"{token.prefix}… of admin", "*"),
+    ]
+    assert {(r.actor_kind, r.actor_name) for r in rows} == {("system", "graphene up")}
+    assert rows[0].detail == {"first_admin": True}
+    assert rows[0].after_digest == audit.digest(audit.user_fields(admin))
+    assert creds.password
+    assert creds.password not in json.dumps([r.detail for r in rows])
+    _holds_no_key(rows, [creds.token or ""])
+
+    # A later start whose saved token expired issues a new one: its row too, and no second user.
+    AccessToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    mark = _mark()
+    renewed = admin_bootstrap(data_dir=tmp_path)
+    assert renewed.renewed
+    [row] = _rows_after(mark)
+    assert (row.action, row.object_id) == ("token.create", str(AccessToken.objects.exclude(pk=token.pk).get().pk))
+    _holds_no_key([row], [renewed.token or ""])
+
+
 # --- who reads what ---------------------------------------------------------------------------------
 
 
@@ -413,6 +570,52 @@ def test_graphenectl_audit_shows_and_filters_the_trail(web: WebServer, django_us
     refused = ctl("audit", "--since", "soon")
     assert refused.code == 2
     assert "--since" in refused.err
+
+
+@pytest.mark.system
+@pytest.mark.django_db(transaction=True)
+def test_graphenectl_audit_chooses_its_namespace_as_every_listing_does(
+    web: WebServer, django_user_model: Any, tmp_path: Any
+) -> None:
+    factories.bind_namespace("team-a")
+    records.record_create_root(kind="graphene.stand", name="a", namespace="team-a")
+    records.record_create_root(kind="graphene.stand", name="d", namespace="default")
+    anna = django_user_model.objects.create_user(username="anna", password="pw")
+    factories.bind(anna, "admin", "team-a")
+    root = django_user_model.objects.create_superuser(username="root", password="pw")
+    ctl = Ctl(tmp_path / "config", **web.client_env(), GRAPHENE_TOKEN=factories.api_token(root))  # a row in *
+    everywhere = {"team-a", "default", "*"}
+
+    def namespaces(*args: str, env: dict[str, str] | None = None) -> set[str]:
+        return {r["namespace"] for r in ctl.ok(*args, "-o", "json", env=env).json()}
+
+    assert namespaces("audit") == everywhere  # none chosen: every namespace the caller may read
+    assert namespaces("audit", "-n", "team-a") == {"team-a"}
+    assert namespaces("audit", "--namespace", "default") == {"default"}
+    assert namespaces("-n", "team-a", "audit") == {"team-a"}  # the global -n
+    assert namespaces("audit", "-n", "*") == {"*"}  # the installation-wide objects' rows
+    assert namespaces("audit", env={"GRAPHENE_NAMESPACE": "default"}) == {"default"}
+    assert namespaces("audit", "-A", env={"GRAPHENE_NAMESPACE": "default"}) == everywhere
+    assert namespaces("-n", "default", "audit", "-A") == everywhere  # the command's -A wins
+    table = ctl.ok("audit", "-n", "team-a").out.splitlines()
+    assert table[0].split() == ["TIME", "ACTOR", "ACTION", "OBJECT", "NAMESPACE"]
+    assert {line.split()[-1] for line in table[1:]} == {"team-a"}
+    both = ctl("audit", "-n", "team-a", "-A")
+    assert both.code == 2, both
+    assert "exclude each other" in both.err
+    bad = ctl("audit", "-n", "Team_A")
+    assert bad.code == 2, bad
+    assert "is not a namespace name" in bad.err
+
+    # An admin of team-a reads team-a's rows, chosen or not, and is refused the others.
+    as_anna = {"GRAPHENE_TOKEN": factories.api_token(anna)}
+    assert namespaces("audit", env=as_anna) == {"team-a"}
+    assert namespaces("audit", "-A", env=as_anna) == {"team-a"}
+    assert namespaces("audit", "-n", "team-a", env=as_anna) == {"team-a"}
+    for where, said in (("default", "in namespace 'default'"), ("*", "in every namespace")):
+        refused = ctl("audit", "-n", where, env=as_anna)
+        assert refused.code == 1, refused
+        assert f"anna may not list audit {said}" in refused.err
 
 
 # --- the Studio's page ---------------------------------------------------------------------------------

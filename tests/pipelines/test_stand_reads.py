@@ -49,7 +49,7 @@ def test_reading_a_stand_that_does_not_exist_yet_makes_none(api: APIClient) -> N
         detail = api.get(f"/api/v1/stands/{PIPELINE}/")
         listing = api.get("/api/v1/stands/")
     assert detail.status_code == 200
-    assert detail.json() == {"pipeline": PIPELINE, "id": None, "holdings": []}
+    assert detail.json() == {"pipeline": PIPELINE, "namespace": "default", "id": None, "holdings": []}
     assert listing.json() == []
     assert writes(queries) == []
     assert stands() == 0
@@ -81,7 +81,34 @@ def test_a_stand_shows_what_it_holds(api: APIClient, eager: None, django_capture
     assert writes(queries) == []
     assert detail["id"] == str(stand.pk)
     assert [(h["name"], h["subtree_records"]) for h in detail["holdings"]] == [("db", 2), ("cache", 1)]
-    assert listing == [{"pipeline": PIPELINE, "id": str(stand.pk), "holdings": 2, "records": 3}]
+    assert listing == [{"pipeline": PIPELINE, "namespace": "default", "id": str(stand.pk), "holdings": 2, "records": 3}]
+
+
+def test_each_stand_says_its_namespace_and_the_list_narrows_to_one(api: APIClient, admin_api: APIClient) -> None:
+    team = services.stand_get("sample.team-b", namespace="team-b")
+    mine = services.stand_get(PIPELINE)
+    # A stand root made by hand with the name of team-b's pipeline, in default: not its stand.
+    stray = records.record_create_root(kind="graphene.stand", name="sample.team-b", namespace="default")
+
+    listing = admin_api.get("/api/v1/stands/").json()
+    assert [(s["pipeline"], s["namespace"], s["id"]) for s in listing] == [
+        (PIPELINE, "default", str(mine.pk)),
+        ("sample.team-b", "default", str(stray.pk)),
+        ("sample.team-b", "team-b", str(team.pk)),
+    ]
+    assert [s["id"] for s in admin_api.get("/api/v1/stands/?namespace=team-b").json()] == [str(team.pk)]
+    assert [s["id"] for s in admin_api.get("/api/v1/stands/?namespace=default").json()] == [str(mine.pk), str(stray.pk)]
+    assert admin_api.get("/api/v1/stands/?namespace=elsewhere").json() == []
+    # The detail is the pipeline's stand, in its namespace, where its runs hand over.
+    detail = admin_api.get("/api/v1/stands/sample.team-b/").json()
+    assert (detail["namespace"], detail["id"]) == ("team-b", str(team.pk))
+    assert admin_api.get(f"/api/v1/stands/{PIPELINE}/").json()["namespace"] == "default"
+
+    # A developer of default: its stands (not team-b's pipeline's), and a refusal for team-b.
+    assert [(s["pipeline"], s["namespace"]) for s in api.get("/api/v1/stands/").json()] == [(PIPELINE, "default")]
+    refused = api.get("/api/v1/stands/?namespace=team-b")
+    assert refused.status_code == 403
+    assert "may not list stands in namespace 'team-b'" in refused.json()["detail"]
 
 
 def test_stands_are_read_through_the_records_visibility(api: APIClient) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api.params import MAX_SECONDS, DoorChecks, StrictInteger
+from apps.api.permissions import request_namespace
 from apps.core import access
 from apps.pipelines import selectors, services
 from apps.records import services as records
@@ -32,6 +33,7 @@ StandSummary = inline_serializer(
     many=True,
     fields={
         "pipeline": serializers.CharField(),
+        "namespace": serializers.CharField(help_text="the stand's namespace: its pipeline's"),
         "id": serializers.UUIDField(),
         "holdings": serializers.IntegerField(),
         "records": serializers.IntegerField(),
@@ -56,21 +58,19 @@ StandDetail = inline_serializer(
     "StandDetail",
     fields={
         "pipeline": serializers.CharField(),
+        "namespace": serializers.CharField(help_text="the stand's namespace: its pipeline's, where its runs hand over"),
         "id": serializers.UUIDField(allow_null=True, help_text="null until something is handed to the stand"),
         "holdings": StandHoldingOutput(many=True),
     },
 )
 
 
-def _stand(request: Request, pipeline: str) -> Record | None:
-    """The pipeline's stand, None if it has none yet (404 for a pipeline that is not loaded)."""
-    return selectors.stand_find(user=request.user, pipeline=services.definition_get(pipeline, user=request.user).name)
-
-
 def _holding(request: Request, pipeline: str, data: dict[str, Any]) -> Record:
     definition = services.definition_get(pipeline, user=request.user)
     access.require(request.user, "update", "stands", definition.namespace)
-    return selectors.stand_holding(user=request.user, pipeline=definition.name, record_id=data["record"])
+    return selectors.stand_holding(
+        user=request.user, pipeline=definition.name, record_id=data["record"], namespace=definition.namespace
+    )
 
 
 class StandViewSet(DoorChecks, viewsets.ViewSet):
@@ -81,12 +81,23 @@ class StandViewSet(DoorChecks, viewsets.ViewSet):
     access_resource = "stands"
     access_verbs = {"list": "list", "retrieve": "get", "extend": "update", "release": "update"}
 
-    @extend_schema(responses=StandSummary)
+    @extend_schema(
+        parameters=[OpenApiParameter("namespace", str, description="the stands of this namespace")],
+        responses=StandSummary,
+    )
     def list(self, request: Request) -> Response:
+        """The stands, by pipeline; in every namespace the caller may see, or ``?namespace=``'s."""
+        summaries = selectors.stand_list(user=request.user, namespace=request_namespace(request))
         return Response(
             [
-                {"pipeline": s.stand.name, "id": str(s.stand.pk), "holdings": s.holdings, "records": s.records}
-                for s in selectors.stand_list(user=request.user)
+                {
+                    "pipeline": s.stand.name,
+                    "namespace": s.stand.namespace,
+                    "id": str(s.stand.pk),
+                    "holdings": s.holdings,
+                    "records": s.records,
+                }
+                for s in summaries
             ]
         )
 
@@ -94,10 +105,18 @@ class StandViewSet(DoorChecks, viewsets.ViewSet):
     def retrieve(self, request: Request, pipeline: str) -> Response:
         """What the stand holds. A pipeline whose stand has held nothing yet has none: its ``id``
         is null (a GET makes nothing; the stand is made when something is handed to it)."""
-        stand = _stand(request, pipeline)
+        definition = services.definition_get(pipeline, user=request.user)  # 404 for a pipeline not loaded
+        stand = selectors.stand_find(user=request.user, pipeline=definition.name, namespace=definition.namespace)
         holdings = selectors.stand_holdings(user=request.user, stand=stand) if stand else []
         items = StandHoldingOutput(holdings, many=True).data
-        return Response({"pipeline": pipeline, "id": str(stand.pk) if stand else None, "holdings": items})
+        return Response(
+            {
+                "pipeline": pipeline,
+                "namespace": definition.namespace,
+                "id": str(stand.pk) if stand else None,
+                "holdings": items,
+            }
+        )
 
     @extend_schema(request=ExtendHoldingInput, responses=RecordOutput)
     @action(detail=True, methods=["post"])
