@@ -1,0 +1,1 @@
+"""Delivery of pipeline code: git sources and pushed directories, materialized as immutable revisions."""
