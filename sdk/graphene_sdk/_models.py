@@ -213,7 +213,8 @@ class RunInfo:
     and tree hang there); ``parent`` is the run that started it (``ctx.run``), if any.
     ``journal`` is filled by ``runs.get`` (at most the first 1000 calls,
     ``journal_truncated`` says if there are more), empty otherwise. ``namespace`` is its
-    pipeline's."""
+    pipeline's. ``revision`` is the digest of the pipeline code it runs and replays (None: the
+    code installed on the workers)."""
 
     id: str
     pipeline: str
@@ -235,6 +236,7 @@ class RunInfo:
     journal_truncated: bool = False
     parent: str | None = None
     namespace: str = "default"
+    revision: str | None = None
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> RunInfo:
@@ -261,6 +263,7 @@ class RunInfo:
             journal_truncated=bool(data.get("journal_truncated")),
             parent=_str_or_none(run.get("parent")),
             namespace=str(run.get("namespace") or "default"),
+            revision=_str_or_none(run.get("revision")),
         )
 
     @property

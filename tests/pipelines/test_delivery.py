@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from graphene_sdk import _delivery
 from rest_framework.test import APIClient
 
@@ -81,7 +82,7 @@ def name() -> str:
     return f"deliv.{uuid.uuid4().hex[:8]}"
 
 
-def test_a_push_makes_one_revision_per_content_and_activates_it(api: APIClient, tmp_path: Path) -> None:
+def test_a_push_makes_one_revision_per_content_and_activates_it(api: APIClient, user: Any, tmp_path: Path) -> None:
     pipeline = name()
     code = tree(tmp_path, pipeline, "A")
     answer = push(api, code)
@@ -115,9 +116,17 @@ def test_a_push_makes_one_revision_per_content_and_activates_it(api: APIClient, 
     # The orphan sweeper of the blob store knows the archive is held.
     assert artifacts.held_elsewhere([revision.digest]) == {revision.digest}
 
+    # The Studio's pipeline page names the active revision and its delivery history.
+    studio = Client()
+    studio.force_login(user)
+    page = studio.get(f"/pipelines/{pipeline}/").content.decode()
+    assert f"revision {revision.short}" in page
+    assert "Activated: revision" in page
+    assert "by alice" in page
+
 
 def test_a_run_replays_its_own_revision_while_new_runs_take_the_active_one(
-    workers: list[Worker], api: APIClient, tmp_path: Path
+    workers: list[Worker], api: APIClient, user: Any, tmp_path: Path
 ) -> None:
     pipeline = name()
     first = push(api, tree(tmp_path, pipeline, "A", body="if inputs.wait: ctx.sleep(inputs.wait)")).json()
@@ -135,6 +144,9 @@ def test_a_run_replays_its_own_revision_while_new_runs_take_the_active_one(
     assert Run.objects.get(pk=newer.pk).revision_id == uuid.UUID(second["id"])
     shown = api.get(f"/api/v1/runs/{run.pk}/").json()
     assert shown["revision"] == first["digest"]
+    studio = Client()
+    studio.force_login(user)
+    assert f"revision {first['digest'][:12]}" in studio.get(f"/runs/{run.pk}/").content.decode()
 
     # A draft: started on a revision that is not active.
     draft = api.post(

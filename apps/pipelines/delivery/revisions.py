@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
+from django.utils import timezone
 from graphene_sdk import _delivery
 
 from apps.artifacts import blobs
@@ -160,9 +161,9 @@ def revision_materialize(
         created = existing.created_by_this_call  # type: ignore[attr-defined]
     materialized = Materialized(revision=existing, created=created)
     if activate:
-        for name in existing.pipeline_names():
-            if pipeline_activate(name=name, revision=existing, actor=actor, quiet_if_active=True):
-                materialized.activated.append(name)
+        materialized.activated = pipelines_activate(
+            names=existing.pipeline_names(), revision=existing, actor=actor, quiet_if_active=True
+        )
     return materialized
 
 
@@ -265,55 +266,88 @@ def _pipeline_fields(entry: dict[str, Any], revision: Revision) -> dict[str, Any
     }
 
 
-def pipeline_activate(*, name: str, revision: Revision, actor: Any = None, quiet_if_active: bool = False) -> bool:
+def pipeline_activate(*, name: str, revision: Revision, actor: Any = None) -> None:
     """Point pipeline ``name`` at ``revision``: new runs start on it (runs started before keep
-    theirs). Activating an older revision is a rollback. Returns whether anything changed."""
+    theirs). Activating an older revision is a rollback; the active one again is a 409."""
+    if not pipelines_activate(names=[name], revision=revision, actor=actor, quiet_if_active=True):
+        raise Conflict(f"revision {revision.short} is already the active revision of {name}", code="already_active")
+
+
+def pipelines_activate(
+    *, names: list[str], revision: Revision, actor: Any = None, quiet_if_active: bool = False
+) -> list[str]:
+    """Activate ``revision`` for each of ``names`` (all pipelines it defines, on a push) in one
+    transaction: the rows, an event each and the audit rows written in a few statements. The
+    names whose active revision changed, in order; those already on it are skipped."""
     access.require_actor(actor, "update", "pipelines", revision.namespace)
-    entry = next((p for p in revision.manifest.get("pipelines", []) if p["name"] == name), None)
-    if entry is None:
+    entries = {p["name"]: p for p in revision.manifest.get("pipelines", [])}
+    unknown = [n for n in names if n not in entries]
+    if unknown:
         defined = ", ".join(revision.pipeline_names()) or "none"
-        raise NotFound(f"revision {revision.short} defines no pipeline {name!r}; it defines: {defined}")
-    _check_names({"pipelines": [entry]}, revision.namespace)
+        raise NotFound(f"revision {revision.short} defines no pipeline {unknown[0]!r}; it defines: {defined}")
+    _check_names({"pipelines": [entries[n] for n in names]}, revision.namespace)
+    who = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    changed: list[tuple[Pipeline, Revision | None]] = []
     with transaction.atomic():
         Namespace.objects.get_or_create(name=revision.namespace)
-        row = Pipeline.objects.select_for_update().filter(name=name).first()
-        previous = row.revision if row is not None else None
-        if row is not None and row.revision_id == revision.pk:
-            if quiet_if_active:
-                return False
-            raise Conflict(f"revision {revision.short} is already the active revision of {name}", code="already_active")
-        fields = _pipeline_fields(entry, revision)
-        if row is None:
-            row = Pipeline.objects.create(name=name, **fields)
-        else:
-            for key, value in fields.items():
-                setattr(row, key, value)
-            row.save()
-        rollback = previous is not None and previous.created_at > revision.created_at
-        reason = "RolledBack" if rollback else "Activated"
-        message = (
-            f"revision {previous.short} → {revision.short}" if previous is not None else f"revision {revision.short}"
-        )
-        PipelineEvent.objects.create(
-            pipeline=row,
-            reason=reason,
-            message=message,
-            data={"from": str(previous.pk) if previous else None, "to": str(revision.pk), "digest": revision.digest},
-            actor=actor if actor is not None and getattr(actor, "is_authenticated", False) else None,
-        )
-        audit.audit_write(
-            action="pipeline.activate",
-            resource="pipelines",
-            object_id=row.pk,
-            object_name=name,
-            namespace=revision.namespace,
-            before={"revision": previous.digest if previous else None},
-            after={"revision": revision.digest},
-            detail={"rollback": rollback},
-            actor=actor,
-        )
-    logger.info("pipeline %s: %s (%s)", name, reason, message)
-    return True
+        rows = {
+            r.name: r
+            for r in Pipeline.objects.select_for_update(of=("self",)).select_related("revision").filter(name__in=names)
+        }
+        new: list[Pipeline] = []
+        kept: list[Pipeline] = []
+        for name in names:
+            row = rows.get(name)
+            if row is not None and row.revision_id == revision.pk:
+                if not quiet_if_active:
+                    raise Conflict(f"revision {revision.short} is already the active revision of {name}")
+                continue
+            fields = _pipeline_fields(entries[name], revision)
+            previous = row.revision if row is not None else None
+            if row is None:
+                row = Pipeline(name=name, **fields)
+                new.append(row)
+            else:
+                for key, value in fields.items():
+                    setattr(row, key, value)
+                kept.append(row)
+            changed.append((row, previous))
+        Pipeline.objects.bulk_create(new)
+        if kept:
+            now = timezone.now()
+            for row in kept:
+                row.updated_at = now
+            Pipeline.objects.bulk_update(kept, [*_pipeline_fields(entries[kept[0].name], revision), "updated_at"])
+        events, changes = [], []
+        for row, previous in changed:
+            rollback = previous is not None and previous.created_at > revision.created_at
+            shift = f"{previous.short} → {revision.short}" if previous is not None else revision.short
+            events.append(
+                PipelineEvent(
+                    pipeline=row,
+                    reason="RolledBack" if rollback else "Activated",
+                    message=f"revision {shift}",
+                    data={"from": str(previous.pk) if previous else None, "to": str(revision.pk)},
+                    actor=who,
+                )
+            )
+            changes.append(
+                audit.Change(
+                    action="pipeline.activate",
+                    resource="pipelines",
+                    object_id=row.pk,
+                    object_name=row.name,
+                    namespace=revision.namespace,
+                    before={"revision": previous.digest if previous else None},
+                    after={"revision": revision.digest},
+                    detail={"rollback": rollback},
+                )
+            )
+        PipelineEvent.objects.bulk_create(events)
+        audit.audit_write_many(changes, actor=actor)
+    for event in events:
+        logger.info("pipeline %s: %s (%s)", event.pipeline.name, event.reason, event.message)
+    return [row.name for row, _ in changed]
 
 
 # --- reading --------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from apps.studio.views.common import render
 
 RECENT_RUNS = 5
 RATE_WINDOW = timedelta(days=30)
+HISTORY = 20  # the newest delivery events shown on a pipeline's page
 
 
 def _rates(request: HttpRequest) -> dict[int, tuple[int, int]]:
@@ -66,4 +67,7 @@ def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> Http
         "window_days": RATE_WINDOW.days,
         "stand": selectors.stand_find(user=request.user, pipeline=pipeline.name),
     }
+    history = list(pipeline.events.select_related("actor").order_by("-id")[:HISTORY])
+    context["history"] = history
+    context["activated_at"] = history[0].created_at if history else None
     return render(request, site, "studio/pipeline.html", context, title=pipeline.name)
