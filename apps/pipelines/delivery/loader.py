@@ -87,10 +87,3 @@ def definition(revision: Revision, name: str) -> Definition[Any, Any]:
         raise RevisionUnavailable(f"revision {revision.short} defines no pipeline {name!r}")
     return found
 
-
-def forget_all() -> None:
-    """Drop every loaded revision (tests)."""
-    with _lock:
-        for package in list(_loaded):
-            _delivery.unload(package)
-        _loaded.clear()

@@ -155,10 +155,9 @@ def revision_materialize(
             _delivery.unpack(data, canonical, max_bytes=max_bytes())
             manifest = _describe(canonical, namespace)
         _check_names(manifest, namespace)
-        existing = _revision_store(
+        existing, created = _revision_store(
             data=data, digest=digest, namespace=namespace, manifest=manifest, actor=actor, source=source, commit=commit
         )
-        created = existing.created_by_this_call  # type: ignore[attr-defined]
     materialized = Materialized(revision=existing, created=created)
     if activate:
         materialized.activated = pipelines_activate(
@@ -176,7 +175,9 @@ def _revision_store(
     actor: Any,
     source: Source | None,
     commit: str,
-) -> Revision:
+) -> tuple[Revision, bool]:
+    """The stored revision, and whether this call made it (another caller may have stored the
+    same files a moment before)."""
     _blob_store(data, digest)
     who = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     try:
@@ -201,14 +202,11 @@ def _revision_store(
                 actor=actor,
             )
     except IntegrityError:  # the same files, materialized at the same moment by another caller
-        revision = Revision.objects.get(namespace=namespace, digest=digest)
-        revision.created_by_this_call = False  # type: ignore[attr-defined]
-        return revision
+        return Revision.objects.get(namespace=namespace, digest=digest), False
     logger.info(
         "revision %s materialized in namespace %s: %s", revision.short, namespace, ", ".join(revision.pipeline_names())
     )
-    revision.created_by_this_call = True  # type: ignore[attr-defined]
-    return revision
+    return revision, True
 
 
 def revision_push(*, chunks: Iterable[bytes], namespace: str, actor: Any, activate: bool = True) -> Materialized:
