@@ -47,7 +47,8 @@ from apps.core.errors import ValidationFailed
 from apps.core.models import Namespace, Role, RoleBinding
 from apps.observability.models import LogLine
 from apps.pipelines import services as pipelines
-from apps.pipelines.models import JournalEntry, Run, RunEvent
+from apps.pipelines.delivery import revisions
+from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent
 from apps.records import services as records
 from apps.records.models import Event, Record
 from apps.secrets import services as secrets
@@ -189,6 +190,8 @@ bad_lifetimes = (
     | st.text(max_size=6)
     | st.lists(st.integers(), max_size=2)
 )
+# What a boolean query parameter takes (apps/api/params.py): anything else is refused.
+BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
 long_comments = st.text(st.characters(categories=["L"]), min_size=201, max_size=260)
 
 
@@ -336,6 +339,25 @@ DOORS = [
         raw_upload=True,
     ),
     Door("orphan sweep", "POST", "/api/v1/orphans/sweep/", None, query={"dry_run": "false"}),
+    Door(
+        "revision push",
+        "POST",
+        "/api/v1/revisions/",
+        None,
+        query={"namespace": "default", "activate": "false"},
+        strict_query={"activate": st.text(max_size=6).filter(lambda t: t.lower() not in BOOL_WORDS)},
+        raw_upload=True,
+    ),
+    Door(
+        "pipeline activate",
+        "POST",
+        "/api/v1/pipelines/doors.delivered/activate/",
+        {"revision": "{revision}"},
+        strict={
+            "revision": st.just("") | st.none() | st.text(st.characters(categories=["L"]), min_size=81, max_size=90),
+            "revison": json_values,  # a field activation does not take
+        },
+    ),
     Door(
         "namespace create",
         "POST",
@@ -542,8 +564,10 @@ WATCHED = (
     RoleBinding,
     ServiceAccount,
     AccessToken,
+    Revision,
+    PipelineEvent,
 )
-CHANGING = (Record, Run, Secret)
+CHANGING = (Record, Run, Secret, Pipeline)
 # Changes that add no row: a revoked token, a deleted (disabled) service account.
 STATES = {
     "AccessToken revoked": "SELECT count(*) FROM accounts_accesstoken WHERE revoked_at IS NOT NULL",
@@ -577,7 +601,7 @@ def snapshot() -> dict[str, Any]:
 
 
 @pytest.fixture
-def world(web: WebServer, django_user_model: Any) -> Iterator[dict[str, str]]:
+def world(web: WebServer, django_user_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A token, and one of each thing the doors act on (committed: the server sees them)."""
     user = django_user_model.objects.create_superuser(username="doors", password="pw")
     stand = pipelines.stand_get("sample.tree")
@@ -595,7 +619,14 @@ def world(web: WebServer, django_user_model: Any) -> Iterator[dict[str, str]]:
     account = accounts.service_account_create(name="doors-sa", namespace="doors")
     sa_token = accounts.service_account_token_issue(account=account).token
     own_token = accounts.access_token_issue(user=user, comment="a door revokes this one, if any").token
+    code = tmp_path_factory.mktemp("doors-code")
+    (code / "delivered.py").write_text(
+        "from pydantic import BaseModel\nfrom graphene_sdk import pipeline\n\n\nclass In(BaseModel):\n    pass\n\n\n"
+        "@pipeline('doors.delivered', inputs=In)\ndef delivered(ctx, inputs):\n    return None\n"
+    )
+    revision = revisions.revision_materialize(tree=code, namespace="default", activate=True).revision
     yield {
+        "revision": str(revision.pk),
         "binding": str(binding.pk),
         "token": api_token(user),
         "sa_token": str(sa_token.pk),
@@ -694,6 +725,8 @@ def test_the_doors_are_every_write_endpoint_of_the_urlconf() -> None:
         ("POST", "AgentViewSet.cancel"),
         ("POST", "ArtifactViewSet.create"),
         ("POST", "OrphanViewSet.sweep"),
+        ("POST", "RevisionViewSet.create"),
+        ("POST", "PipelineViewSet.activate"),
         ("POST", "NamespaceViewSet.create"),
         ("DELETE", "NamespaceViewSet.destroy"),
         ("POST", "RoleViewSet.create"),
@@ -746,6 +779,7 @@ def _server_accepts(name: str, document: Any) -> bool:
     return True
 
 
+@pytest.mark.django_db  # "hello" is an example: delivered as a revision (GRAPHENE_PIPELINE_DIRS)
 @pytest.mark.parametrize("name", SCHEMAS)
 @settings(max_examples=120, derandomize=True, database=None, deadline=None)
 @given(data=st.data())
@@ -774,6 +808,7 @@ pairs = st.builds(
 )
 
 
+@pytest.mark.django_db  # "hello" is an example: delivered as a revision (GRAPHENE_PIPELINE_DIRS)
 @pytest.mark.parametrize("name", SCHEMAS)
 @settings(max_examples=120, derandomize=True, database=None, deadline=None)
 @given(given_pairs=st.lists(pairs | ordinary_text, min_size=1, max_size=3))

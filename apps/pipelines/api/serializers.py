@@ -98,7 +98,14 @@ class PipelineEventOutput(serializers.ModelSerializer):
 
 
 class ActivateInput(serializers.Serializer):
+    refuses_unknown_fields = True
     revision = serializers.CharField(max_length=80, help_text="a revision's id or at least 7 digits of its digest")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field; activation takes revision"] for name in unknown})
+        return attrs
 
 
 class JournalEntryOutput(serializers.ModelSerializer):

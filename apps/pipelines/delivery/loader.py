@@ -86,4 +86,3 @@ def definition(revision: Revision, name: str) -> Definition[Any, Any]:
     if found is None:
         raise RevisionUnavailable(f"revision {revision.short} defines no pipeline {name!r}")
     return found
-

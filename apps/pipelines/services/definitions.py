@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -17,43 +14,32 @@ from graphene_sdk import registered
 from apps.core import access, validation
 from apps.core.errors import NotFound
 from apps.core.models import Namespace
-from apps.pipelines.delivery import loader
+from apps.pipelines.delivery import loader, local
 from apps.pipelines.models import Pipeline, Revision, Run
 
 _load_lock = threading.Lock()
 _loaded = False
 
 
-def _import_file(path: Path) -> None:
-    name = f"graphene_pipelines.{path.stem}"
-    if name in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import pipeline file {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
+# The module namespace of GRAPHENE_PIPELINE_DIRS' files when something imports them as plain
+# modules (the examples' own tests do): they are delivered as revisions (delivery/local.py),
+# never installed code.
+DIRS_PACKAGE = "graphene_pipelines."
+# How often a start looks at GRAPHENE_PIPELINE_DIRS' files for changes (a listing always does).
+DIRS_LOOK_SECONDS = 1.0
 
 
 def pipelines_load() -> dict[str, Definition[Any, Any]]:
-    """Import the pipeline modules and directories named in settings (once per process)."""
+    """The pipelines installed on the workers: import the modules named in
+    ``GRAPHENE_PIPELINE_MODULES`` (once per process) and return what is registered."""
     global _loaded
     if not _loaded:
         with _load_lock:
             if not _loaded:
                 for module in settings.GRAPHENE_PIPELINE_MODULES:
                     importlib.import_module(module)
-                for directory in settings.GRAPHENE_PIPELINE_DIRS:
-                    for path in sorted(Path(directory).glob("*.py")):
-                        if not path.name.startswith("_"):
-                            _import_file(path)
                 _loaded = True
-    return registered()
+    return {n: d for n, d in registered().items() if not d.fn.__module__.startswith(DIRS_PACKAGE)}
 
 
 def _delivered(name: str) -> Pipeline | None:
@@ -69,8 +55,14 @@ def definition_get(name: str, *, user: Any = None, revision: Revision | None = N
     found = loaded.get(name)
     if found is None:
         target = revision
-        if target is None and (row := _delivered(name)) is not None:
-            target = row.revision
+        if target is None:
+            local.dirs_deliver(max_age=DIRS_LOOK_SECONDS)  # GRAPHENE_PIPELINE_DIRS' files may have changed
+            row = _delivered(name)
+            if row is None:  # perhaps a pipeline of theirs whose revision this process has not made yet
+                local.dirs_deliver()
+                row = _delivered(name)
+            if row is not None:
+                target = row.revision
         if target is not None:
             found = loader.definition(target, name)
     if found is not None and (user is None or access.may(user, "get", "pipelines", found.namespace)):
@@ -131,8 +123,10 @@ def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = No
 
 
 def pipelines_sync_all() -> list[Pipeline]:
-    """Every loaded definition's row, written only where the code changed: one read for all,
-    so a listing costs the same queries however many pipelines there are."""
+    """Every installed definition's row, written only where the code changed: one read for all,
+    so a listing costs the same queries however many pipelines there are. The directories of
+    ``GRAPHENE_PIPELINE_DIRS`` are delivered first if their files changed."""
+    local.dirs_deliver()
     definitions = sorted(pipelines_load().items())
     existing = {p.name: p for p in Pipeline.objects.filter(name__in=[name for name, _ in definitions])}
     rows = [pipeline_sync(d, row=existing.get(name)) for name, d in definitions]

@@ -172,7 +172,8 @@ def record_detail(request: HttpRequest, *, site: AdminSite, record_id: Any) -> H
         "can_open_terminal": access.may(request.user, "open_terminal", "agents", record.namespace),
     }
     if context["may_hand_over"]:
-        context["pipelines"] = sorted(pipeline_services.pipelines_load())
+        pipeline_services.pipelines_sync_all()  # installed and GRAPHENE_PIPELINE_DIRS' ones have rows
+        context["pipelines"] = list(pipelines.pipeline_list(user=request.user).values_list("name", flat=True))
         context["pipeline"] = root.name.partition("#")[0] if root.kind == "graphene.run" else ""
         context["keep_for"] = KEEP_FOR
     fragment = request.GET.get("fragment", "")
