@@ -241,6 +241,12 @@ class Client:
             lines = raw[:2000].decode(errors="replace").strip().splitlines()
             first = lines[0][:200] if lines else "no body"
             return CliError(f"{self.server} answered HTTP {status} for {url}: {first}")
+        error = self._answered(status, body, url)
+        error.code = str(body["error"]) if body.get("error") else None
+        return error
+
+    def _answered(self, status: int, body: dict[str, Any], url: str) -> CliError:
+        """The error for an answer in the API's error shape."""
         detail = str(body.get("detail", ""))
         fields = body.get("fields") or {}
         if status == 401:

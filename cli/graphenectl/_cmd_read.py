@@ -40,8 +40,11 @@ from graphenectl._resources import (
     RUN_COLUMNS,
     Resource,
     complete_resource,
+    human_size,
     namespace_columns,
     resource,
+    revision_origin,
+    short_digest,
     split_ref,
 )
 from graphenectl._runs import TERMINAL, finish, outcome, run_get, run_view, title
@@ -146,8 +149,8 @@ def _listing(
         raise UsageError("--status filters runs")
     if parent and (res.name != "run" or ident):
         raise UsageError("--parent filters runs")
-    if pipeline and (res.name not in ("run", "artifact") or ident):
-        raise UsageError("--pipeline filters runs and artifacts")
+    if pipeline and (res.name not in ("run", "artifact", "revision") or ident):
+        raise UsageError("--pipeline filters runs, artifacts and revisions")
     for label in labels:
         for part in label.split(","):
             if part and "=" not in part:
@@ -201,6 +204,8 @@ def _listing(
             params = {"label": labels}
         elif res.name == "artifact":
             params = {"label": labels, "pipeline": pipeline}
+        elif res.name == "revision":
+            params = {"pipeline": pipeline}
         if chosen is not None:
             params["namespace"] = chosen
         items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
@@ -247,14 +252,16 @@ def get(
         str,
         typer.Argument(
             metavar="TYPE",
-            help="records | runs | pipelines | stands | agents | kinds | orphans | artifacts",
+            help="records | runs | pipelines | revisions | stands | agents | kinds | orphans | artifacts",
             autocompletion=complete_resource,
             show_default=False,
         ),
     ],
     ident: Annotated[
         str | None,
-        typer.Argument(metavar="ID", help="one item: a record or run id, a pipeline/stand/kind name"),
+        typer.Argument(
+            metavar="ID", help="one item: a record or run id, a pipeline/stand/kind name, a revision's digest prefix"
+        ),
     ] = None,
     label: Annotated[
         list[str] | None,
@@ -271,7 +278,9 @@ def get(
     include_deleted: Annotated[
         bool, typer.Option("--include-deleted", help="also list deleted records (tombstones)")
     ] = False,
-    pipeline: Annotated[str | None, typer.Option("--pipeline", help="runs (or artifacts) of this pipeline")] = None,
+    pipeline: Annotated[
+        str | None, typer.Option("--pipeline", help="runs (or artifacts, revisions) of this pipeline")
+    ] = None,
     status: Annotated[list[str] | None, typer.Option("--status", help="runs in these statuses (a,b)")] = None,
     parent: Annotated[
         str | None, typer.Option("--parent", help="the child runs of this run (run/<id> or an id)")
@@ -283,9 +292,9 @@ def get(
     all_namespaces: AllNamespacesOpt = False,
     output: OutputOpt = Format.table,
 ) -> None:
-    """List records, runs, pipelines, stands, agents, kinds, orphans or artifacts, or show one by ID.
+    """List records, runs, pipelines, revisions, stands, agents, kinds, orphans or artifacts, or show one by ID.
 
-    Records, runs, pipelines, stands, agents and artifacts are listed in the namespace chosen (-n,
+    Records, runs, pipelines, revisions, stands, agents and artifacts are listed in the namespace chosen (-n,
     GRAPHENE_NAMESPACE, the context's); with none chosen, or -A, in every namespace you may
     see, with a NAMESPACE column.
 
@@ -300,6 +309,8 @@ def get(
       graphenectl get stands hello          (what the stand of 'hello' holds)
 
       graphenectl get artifacts --pipeline build -o wide
+
+      graphenectl get revisions --pipeline hello
 
       graphenectl get records -w            (live; Ctrl-C stops)
 
@@ -476,6 +487,7 @@ def _describe_run(run: dict[str, Any]) -> None:
     _kv(
         [
             ("Pipeline", f"{run['pipeline']} #{run.get('number')}"),
+            ("Revision", _revision_line(run.get("revision"))),
             ("ID", run["id"]),
             ("Status", _status_line(run, waits)),
             ("Record", run.get("record")),
@@ -542,10 +554,17 @@ _EVENT_TABLE = [
 ]
 
 
+def _revision_line(digest: str | None) -> str:
+    """A run's or a pipeline's revision: its digest's first 12 digits, or the installed code."""
+    return short_digest(digest) if digest else "- (code installed on the workers)"
+
+
 def _describe_pipeline(p: dict[str, Any]) -> None:
     _kv(
         [
             ("Name", p["name"]),
+            ("Namespace", p.get("namespace")),
+            ("Revision", _revision_line(p.get("revision"))),
             ("Source", p.get("source")),
             ("Concurrency", p.get("concurrency")),
             ("Timeout", f"{p['timeout_seconds']}s" if p.get("timeout_seconds") else "none"),
@@ -558,6 +577,39 @@ def _describe_pipeline(p: dict[str, Any]) -> None:
     output_fields = ", ".join(f.name for f in _inputs.fields(p.get("output_schema") or {}))
     _kv([("Outputs", output_fields or "-")])
     info(f"start one: graphenectl run start {p['name']} --input NAME=VALUE ... [--watch]")
+
+
+def _describe_revision(r: dict[str, Any]) -> None:
+    _kv(
+        [
+            ("Digest", r["digest"]),
+            ("ID", r["id"]),
+            ("Namespace", r.get("namespace")),
+            ("From", revision_origin(r)),
+            ("Size", human_size(r.get("size"))),
+            ("Created by", r.get("created_by")),
+            ("Created", f"{r.get('created_at')} ({age(r.get('created_at'))} ago)"),
+            ("Modules", ", ".join((r.get("manifest") or {}).get("modules") or []) or "-"),
+        ]
+    )
+    defined = (r.get("manifest") or {}).get("pipelines") or []
+    out.print(Text(f"Pipelines ({len(defined)}):", style="bold"))
+    if defined:
+        TableWriter(_DEFINED_COLUMNS, wide=False).write(defined)
+    info(
+        f"activate it: graphenectl pipeline activate PIPELINE {short_digest(r['digest'])} · "
+        f"try it first: graphenectl run start PIPELINE --revision {short_digest(r['digest'])}"
+    )
+
+
+_DEFINED_COLUMNS = [
+    Column("NAME", lambda p: p["name"]),
+    Column("SOURCE", lambda p: p.get("source")),
+    Column("INPUTS", lambda p: ",".join((p.get("input_schema") or {}).get("properties") or {}) or "-"),
+    Column("CONCURRENCY", lambda p: p.get("concurrency")),
+    Column("TRIGGERS", lambda p: ", ".join(p.get("triggers") or []) or "-"),
+    Column("DESCRIPTION", lambda p: (str(p.get("description") or "").strip().splitlines() or [""])[0]),
+]
 
 
 def _describe_kind(k: dict[str, Any]) -> None:
@@ -615,6 +667,7 @@ _DESCRIBERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "pipeline": _describe_pipeline,
     "kind": _describe_kind,
     "stand": _describe_stand,
+    "revision": _describe_revision,
 }
 
 
@@ -623,15 +676,16 @@ def describe(
     ident: Annotated[str | None, typer.Argument(metavar="ID", help="when TYPE and ID are separate words")] = None,
     output: OutputOpt = Format.table,
 ) -> None:
-    """Show everything about one record, run, pipeline, kind or stand.
+    """Show everything about one record, run, pipeline, revision, kind, stand or agent.
 
     Examples: graphenectl describe record/<id> · graphenectl describe run/<id> ·
-    graphenectl describe pipeline/hello · graphenectl describe kind/file · graphenectl describe <record-id>
+    graphenectl describe pipeline/hello · graphenectl describe revision/<digest prefix> ·
+    graphenectl describe kind/file · graphenectl describe <record-id>
     """
     client = session.client()
     res, key = (resource(ref), ident) if ident else split_ref(ref)
     if res.name not in _DESCRIBERS:
-        raise UsageError(f"describe takes a record, run, pipeline, kind, stand or agent, not {res.plural}")
+        raise UsageError(f"describe takes a record, run, pipeline, revision, kind, stand or agent, not {res.plural}")
     if res.name == "record" and ident is None and "/" not in ref:
         try:
             body = client.get(res.item_path(key))

@@ -34,7 +34,7 @@ from graphenectl._output import (
     warn,
     write,
 )
-from graphenectl._resources import RESOURCES, RUN_COLUMNS, split_ref
+from graphenectl._resources import RESOURCES, RUN_COLUMNS, revision_ref, short_digest, split_ref
 from graphenectl._runs import TERMINAL, outcome, run_get, title
 from graphenectl._runs import finish as end
 from graphenectl._session import session
@@ -92,6 +92,21 @@ def inputs_cmd(
 ) -> None:
     """List a pipeline's inputs: types, defaults, constraints and descriptions (-o json: its JSON Schema)."""
     _print_fields(session.client().get(f"pipelines/{pipeline}/"), output)
+
+
+def draft_definition(pipeline: str, ref: str) -> dict[str, Any]:
+    """The pipeline as revision ``ref`` defines it (name, namespace, input schema): a draft's
+    inputs are checked against its own schema, which may not be the active revision's."""
+    found = session.client().get(f"revisions/{ref}/")
+    defined = (found.get("manifest") or {}).get("pipelines") or []
+    entry = next((p for p in defined if p.get("name") == pipeline), None)
+    if entry is None:
+        names = ", ".join(p["name"] for p in defined) or "none"
+        raise UsageError(
+            f"revision {short_digest(found['digest'])} defines no pipeline {pipeline!r}; it defines: {names}",
+            hint=f"graphenectl pipeline revisions {pipeline}",
+        )
+    return dict(entry)
 
 
 def check_inputs(pipeline: dict[str, Any], base: Any, pairs: list[str]) -> dict[str, Any]:
@@ -173,13 +188,18 @@ def _header(view: RunView) -> Text:
     run = view.run
     line = Text()
     line.append(f"run {title(run)}", style="bold")
-    line.append(f"  {run['id']}  ", style="dim")
+    line.append(f"  {run['id']}{_on_revision(run)}  ", style="dim")
     line.append(run["status"], style=status_style(run["status"]) or "")
     line.append(f"  {between(run.get('started_at'), run.get('finished_at'))}")
     if run.get("waiting_on") and not view.ended:
         line.append(f"  waiting on {view.named(waiting_on(run))}", style="dim")
     line.append(f"\nlast call: {view.last_call()}", style="dim")
     return line
+
+
+def _on_revision(run: dict[str, Any]) -> str:
+    """`` revision 1a2b3c4d5e6f`` for a run of a delivered revision; nothing for installed code."""
+    return f" revision {short_digest(run['revision'])}" if run.get("revision") else ""
 
 
 def _live_view(view: RunView) -> Group:
@@ -238,7 +258,9 @@ class ChangePrinter:
             err.print(Text(f"  {progress}", style="bold"))
             self.progress = progress
         if run["status"] != self.status:
-            err.print(Text(f"run {title(run)}: {self.status + ' → ' if self.status else ''}{run['status']}"))
+            # The first line says which code runs (the revision), the later ones only what changed.
+            which = "" if self.status else _on_revision(run)
+            err.print(Text(f"run {title(run)}{which}: {self.status + ' → ' if self.status else ''}{run['status']}"))
             self.status = run["status"]
         return True
 
@@ -330,6 +352,15 @@ def start(
             "instead of starting another (default: a fresh key per command)",
         ),
     ] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option(
+            "--revision",
+            metavar="REF",
+            help="a draft: run this revision of the pipeline (an id or at least 7 digits of its digest) "
+            "instead of its active one, which stays active",
+        ),
+    ] = None,
 ) -> None:
     """Start a run; inputs are checked against the pipeline's schema before anything is sent.
 
@@ -345,9 +376,12 @@ def start(
       graphenectl run start release --inputs inputs.yaml -o json
 
       graphenectl run start hello --help-inputs
+
+      graphenectl run start hello --revision 1a2b3c4d5e6f   (a draft: a revision not active)
     """
     client = session.client()
-    definition = client.get(f"pipelines/{pipeline}/")
+    revision = revision_ref(revision) if revision else None
+    definition = draft_definition(pipeline, revision) if revision else client.get(f"pipelines/{pipeline}/")
     if help_inputs:
         _print_fields(definition, output or Format.table)
         return
@@ -362,9 +396,12 @@ def start(
     def retried(attempt: int, wait: float, exc: Exception) -> None:
         info(f"start attempt {attempt} failed ({exc}); trying again in {wait:.1f}s with the same idempotency key")
 
+    body: dict[str, Any] = {"inputs": inputs}
+    if revision:
+        body["revision"] = revision
     answer = retrying(
         lambda: client.request(
-            "POST", f"pipelines/{pipeline}/runs/", body={"inputs": inputs}, extra_headers={IDEMPOTENCY_HEADER: key}
+            "POST", f"pipelines/{pipeline}/runs/", body=body, extra_headers={IDEMPOTENCY_HEADER: key}
         ),
         retryable=lambda exc: getattr(exc, "retryable", False),
         on_retry=retried,
@@ -372,7 +409,8 @@ def start(
     run = answer.body
     if answer.headers.get("idempotent-replayed") == "true":  # header names are kept lowercased
         note(f"this key ({key}) started run {title(run)} before: that run is answered, no other is started")
-    note(f"started run {title(run)} ({run['status']}): run/{run['id']}")
+    pinned = f" on revision {short_digest(run.get('revision'))}" if revision else ""
+    note(f"started run {title(run)} ({run['status']}){pinned}: run/{run['id']}")
     if not watch:
         info(f"watch it: graphenectl run watch {run['id']}")
         emit(run, output or Format.name, columns=RUN_COLUMNS, name_of=RUN.name_of)

@@ -24,6 +24,7 @@ class CliError(Exception):
         fields: Mapping[str, Sequence[str]] | None = None,
         hint: str | None = None,
         retryable: bool = False,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -33,6 +34,9 @@ class CliError(Exception):
         # The server was not reached, did not answer in time, or failed (5xx): a request that
         # is safe to repeat (a start with its idempotency key) may be tried again.
         self.retryable = retryable
+        # The API's error code (``{"error": code, ...}``) when the server refused the request:
+        # what a command branches on (``already_active``, ``revision_refused``), never the text.
+        self.code = code
 
 
 class UsageError(CliError):

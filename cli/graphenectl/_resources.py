@@ -1,7 +1,8 @@
 """The nouns graphenectl reads: their REST paths, table columns and ``-o name`` form.
 
 References on the command line are ``TYPE/ID`` (``record/<uuid>``, ``run/<uuid>``,
-``pipeline/hello``, ``stand/hello``, ``agent/<uuid>``, ``kind/file``) or a bare id, which means a record.
+``pipeline/hello``, ``stand/hello``, ``agent/<uuid>``, ``kind/file``, ``revision/<digest prefix>``) or a
+bare id, which means a record.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ def _labels(item: dict[str, Any]) -> str:
 def _first_line(text: Any, limit: int = 80) -> str:
     line = str(text or "").strip().splitlines()[0] if str(text or "").strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def short_digest(digest: Any) -> str:
+    """A revision's digest as people read it (its first 12 digits); ``-``: none (code
+    installed on the workers)."""
+    return str(digest)[:12] if digest else "-"
 
 
 def _input_names(item: dict[str, Any]) -> str:
@@ -52,6 +59,7 @@ RUN_COLUMNS = [
     Column("DURATION", lambda r: between(r.get("started_at"), r.get("finished_at"))),
     Column("AGE", lambda r: age(r.get("created_at"))),
     Column("WAITING ON", lambda r: ",".join(map(str, r.get("waiting_on") or [])) or "-", wide=True),
+    Column("REVISION", lambda r: short_digest(r.get("revision")), wide=True),
     Column("RECORD", lambda r: r.get("record"), wide=True),
     Column("ATTEMPT", lambda r: r.get("attempt"), wide=True),
     Column("ERROR", lambda r: _first_line(error_summary(str(r.get("error") or ""))), wide=True),
@@ -70,8 +78,30 @@ PIPELINE_COLUMNS = [
     Column("CONCURRENCY", lambda p: _concurrency(p)),
     Column("TIMEOUT", lambda p: f"{p['timeout_seconds']}s" if p.get("timeout_seconds") else "-"),
     Column("INPUTS", _input_names),
+    Column("REVISION", lambda p: short_digest(p.get("revision"))),
     Column("DESCRIPTION", lambda p: _first_line(p.get("description"), 60)),
     Column("SOURCE", lambda p: p.get("source"), wide=True),
+]
+
+
+def revision_origin(revision: dict[str, Any]) -> str:
+    """Where a revision came from: ``push`` (a directory), or its git source at a commit."""
+    if not revision.get("source"):
+        return "push"
+    commit = str(revision.get("commit") or "")
+    return f"{revision['source']}@{commit[:12]}" if commit else str(revision["source"])
+
+
+REVISION_COLUMNS = [
+    Column("DIGEST", lambda r: short_digest(r.get("digest"))),
+    Column("PIPELINES", lambda r: ",".join(r.get("pipelines") or []) or "-"),
+    Column("SIZE", lambda r: human_size(r.get("size"))),
+    Column("FROM", revision_origin),
+    Column("BY", lambda r: r.get("created_by") or "-"),
+    Column("AGE", lambda r: age(r.get("created_at"))),
+    Column("NAMESPACE", lambda r: r.get("namespace"), wide=True),
+    Column("ID", lambda r: r.get("id"), wide=True),
+    Column("MODULES", lambda r: ",".join((r.get("manifest") or {}).get("modules") or []) or "-", wide=True),
 ]
 
 STAND_COLUMNS = [
@@ -200,6 +230,7 @@ RESOURCES = {
         Resource("kind", "kinds", (), "kinds", KIND_COLUMNS, "name", False),
         Resource("artifact", "artifacts", ("art", "arts"), "artifacts", ARTIFACT_COLUMNS, "id", True, True),
         Resource("orphan", "orphans", (), "orphans", EVENT_COLUMNS, "id", True),
+        Resource("revision", "revisions", ("rev", "revs"), "revisions", REVISION_COLUMNS, "digest", True, True),
     ]
 }
 _BY_ALIAS = {alias: r for r in RESOURCES.values() for alias in (r.name, r.plural, *r.aliases)}
@@ -236,6 +267,15 @@ def split_ref(ref: str, *, default: str = "record") -> tuple[Resource, str]:
             raise UsageError(f"{ref!r} names no id; write it as TYPE/ID, e.g. record/<uuid> or run/<uuid>")
         return resource(word), ident
     return RESOURCES[default], ref
+
+
+def revision_ref(ref: str) -> str:
+    """A revision as the API names it (an id or a digest prefix), from ``REF`` or
+    ``revision/REF`` (what ``-o name`` prints)."""
+    kind, ident = split_ref(ref, default="revision")
+    if kind.name != "revision":
+        raise UsageError(f"{ref!r} is not a revision; pass a digest prefix (7+ digits), an id or revision/<digest>")
+    return ident
 
 
 NameOf = Callable[[dict[str, Any]], str]

@@ -255,6 +255,8 @@ def test_run_watch_in_a_log_shows_log_text_names_and_the_outcome(ctl: Ctl, worke
         ("logs",),
         ("run", "start"),
         ("run", "watch"),
+        ("pipeline", "push"),
+        ("pipeline", "revisions"),
         ("apply",),
         ("agent", "create"),
         ("namespace", "create"),
