@@ -203,13 +203,18 @@ def test_kinds_reach_no_app_models_and_no_agents() -> None:
     assert not bad, "kinds importing app models or the agents app: " + _where(bad)
 
 
+# Libraries under kinds/ that are no kind's implementation: the machine-call interface, and
+# the git command line runner (stdlib only) that the git checkout kind and git sources share.
+KIND_LIBRARIES = ("kinds.machine", "kinds.git.cli")
+
+
 def test_no_app_imports_a_kinds_implementation() -> None:
     bad = [
         imp
         for imp in all_imports()
         if imp.source.startswith("apps.")
         and _real_module(imp.target).startswith("kinds.")
-        and _real_module(imp.target) not in ("kinds.machine",)
+        and _real_module(imp.target) not in KIND_LIBRARIES
     ]
     assert not bad, "apps importing a kind's implementation (use the registry): " + _where(bad)
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from websockets.sync.client import connect as ws_connect
 from websockets.typing import Origin
 
 from apps.core.tls import certificate_names, fingerprint
@@ -33,6 +32,7 @@ from tests.harness import net, tls
 from tests.harness.net import free_port
 from tests.harness.processes import REPO, WITH_DEFAULT_SIGINT
 from tests.harness.wait import wait_for
+from tests.harness.ws import open_ws
 
 pytestmark = pytest.mark.system
 
@@ -170,13 +170,12 @@ def test_graphene_up_serves_the_embedded_mode_end_to_end(servers: Callable[[], S
     token = creds["token"]
     api = f"{server.url}/api/v1"
     # Websockets are served over TLS too (wss), verified against the same CA.
-    with ws_connect(
+    with open_ws(
         f"wss://127.0.0.1:{server.port}/ws/runs/",
+        log=server.log,
         ssl=tls.context_for(server.ca_file),
         origin=Origin(server.url),
         additional_headers={"Authorization": f"Token {token}"},
-        proxy=None,
-        open_timeout=30,
     ) as runs_socket:
         assert runs_socket.response is not None
         assert runs_socket.response.status_code == 101

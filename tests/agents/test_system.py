@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 from websockets.typing import Origin
 
 from apps.agents import services
@@ -30,10 +29,10 @@ from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from tests.agents.conftest import is_private, wait_command, wait_phase
 from tests.conftest import wait_for
-from tests.harness import tls
 from tests.harness.agents import AgentProcess, listening_sockets
 from tests.harness.net import http
 from tests.harness.web import WebServer
+from tests.harness.ws import open_ws
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -114,10 +113,9 @@ def test_a_used_bootstrap_token_is_refused(agents: Agents, tmp_path: Path) -> No
     assert not (second.state_dir / "credential").exists()
 
 
-def _try(url: str, first: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+def _try(web: WebServer, first: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
     """Speak the protocol's first message by hand: the gateway's answer, and its close code."""
-    ws_url = url.replace("https://", "wss://") + "/agents/connect"
-    with connect(ws_url, origin=Origin(url), proxy=None, ssl=tls.context()) as ws:
+    with open_ws(f"{web.ws_url}/agents/connect", log=web.log, origin=Origin(web.url)) as ws:
         ws.send(json.dumps(first))
         try:
             answer: dict[str, Any] = json.loads(ws.recv(timeout=10))
@@ -137,13 +135,13 @@ def test_foreign_revoked_expired_credentials_are_refused_with_events(
     wait_phase(a, Phase.READY)
     stolen = json.loads((agent_a.state_dir / "credential").read_text())["credential"]
 
-    code, answer = _try(web.url, {"type": "auth", "agent_id": str(b.pk), "credential": stolen})
+    code, answer = _try(web, {"type": "auth", "agent_id": str(b.pk), "credential": stolen})
     assert code == 4403
     assert "belongs to agent" in answer["reason"]
     assert "ForeignCredential" in refusals(b)
     assert "ForeignCredential" in refusals(a)
 
-    code, _ = _try(web.url, {"type": "auth", "agent_id": str(b.pk), "credential": "gac_not-a-real-one"})
+    code, _ = _try(web, {"type": "auth", "agent_id": str(b.pk), "credential": "gac_not-a-real-one"})
     assert code == 4401
     assert "UnknownCredential" in refusals(b)
 
@@ -152,20 +150,20 @@ def test_foreign_revoked_expired_credentials_are_refused_with_events(
     assert agent_a.wait_exit() == 78
     assert "reconnecting in" not in agent_a.output()
     assert "the credential was revoked: test" in agent_a.output()
-    code, answer = _try(web.url, {"type": "auth", "agent_id": str(a.pk), "credential": stolen})
+    code, answer = _try(web, {"type": "auth", "agent_id": str(a.pk), "credential": stolen})
     assert code == 4403
     assert "revoked" in answer["reason"]
     assert "CredentialRevoked" in refusals(a)
 
     # Expiry: enroll b by hand, then let its credential expire.
     install = services.agent_declare(owner=stand, name="delta")
-    _, welcome = _try(web.url, {"type": "bootstrap", "agent_id": str(b.pk), "token": install.bootstrap_token})
+    _, welcome = _try(web, {"type": "bootstrap", "agent_id": str(b.pk), "token": install.bootstrap_token})
     assert welcome["type"] == "welcome"
     assert welcome["credential"].startswith("gac_")
     AgentToken.objects.filter(agent=b, kind="credential", revoked_at__isnull=True).update(
         expires_at=timezone.now() - timedelta(seconds=1)
     )
-    code, answer = _try(web.url, {"type": "auth", "agent_id": str(b.pk), "credential": welcome["credential"]})
+    code, answer = _try(web, {"type": "auth", "agent_id": str(b.pk), "credential": welcome["credential"]})
     assert code == 4403
     assert "expired" in answer["reason"]
     assert "CredentialExpired" in refusals(b)

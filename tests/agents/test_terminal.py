@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 from websockets.typing import Origin
 
 from apps.accounts import services as accounts
@@ -31,10 +31,10 @@ from apps.records.models import Event, Record
 from tests import factories
 from tests.agents.conftest import wait_phase
 from tests.conftest import wait_for
-from tests.harness import tls
 from tests.harness.agents import AgentProcess
 from tests.harness.embedded import graphenectl_argv
 from tests.harness.web import WebServer
+from tests.harness.ws import open_ws
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -68,13 +68,11 @@ class Terminal:
     def __init__(self, web: WebServer, agent_id: Any, token: str | None, **params: Any) -> None:
         query = urllib.parse.urlencode(params)
         headers = {"Authorization": f"Token {token}"} if token else {}
-        self.ws: ClientConnection = connect(
+        self.ws: ClientConnection = open_ws(
             f"{web.ws_url}/ws/agents/{agent_id}/pty/?{query}",
+            log=web.log,
             origin=Origin(web.url),
-            proxy=None,
-            ssl=tls.context(),
             additional_headers=headers,
-            open_timeout=30,
         )
         self.output = b""
 

@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
 from websockets.typing import Origin
 
 from apps.core import throttle
 from tests.factories import api_token
-from tests.harness import tls
 from tests.harness.net import fetch_response
 from tests.harness.web import CHANNEL_LAYER_URL, WebServer
+from tests.harness.ws import open_ws
 
 LIMIT = 10  # the default (settings/base.py), which the test settings keep
 
@@ -163,16 +162,15 @@ def test_failed_logins_count_per_username_too(client: Client, django_user_model:
 # --- websockets (a server of its own: the limit it tests, counts no other test adds to) ----------
 
 
-def ws_close(url: str, token: str, origin: str) -> int:
+def ws_close(server: WebServer, token: str) -> int:
     """Open a websocket with a token; the code it is closed with, after what it was told (a
     refusal before accepting is a 403 to the handshake: 403)."""
     try:
-        with connect(
-            url,
+        with open_ws(
+            server.ws_url + "/ws/runs/",
+            log=server.log,
             additional_headers={"Authorization": f"Token {token}"},
-            origin=Origin(origin),
-            open_timeout=10,
-            ssl=tls.context() if url.startswith("wss://") else None,
+            origin=Origin(server.url),
         ) as socket:
             for _ in range(10):
                 socket.recv(timeout=10)
@@ -180,7 +178,7 @@ def ws_close(url: str, token: str, origin: str) -> int:
         return refused.response.status_code
     except ConnectionClosed as closed:
         return closed.rcvd.code if closed.rcvd is not None else 1006
-    raise AssertionError(f"{url} was not closed")
+    raise AssertionError(f"{server.ws_url}/ws/runs/ was not closed")
 
 
 @pytest.mark.system
@@ -188,11 +186,10 @@ def ws_close(url: str, token: str, origin: str) -> int:
 def test_websocket_refusals_count_and_refuse_with_4429(tmp_path: Any, redis_layer: None) -> None:
     server = WebServer(tmp_path, GRAPHENE_AUTH_FAILURES_PER_MINUTE="3").start()
     try:
-        ws = server.ws_url + "/ws/runs/"
         # An unknown token is accepted, told why and closed with 4401 (apps/accounts/websocket_auth.py).
-        assert [ws_close(ws, "wrong", server.url) for _ in range(3)] == [4401, 4401, 4401]
+        assert [ws_close(server, "wrong") for _ in range(3)] == [4401, 4401, 4401]
         # Refused before it is authenticated: accepted, so that the client reads the code.
-        assert ws_close(ws, "wrong", server.url) == 4429
+        assert ws_close(server, "wrong") == 4429
         # One count per address, whatever door: the API refuses this address now as well.
         status, headers, body = fetch_response(f"{server.url}/api/v1/runs/", headers={"Authorization": "Token x"})
         assert status == 429

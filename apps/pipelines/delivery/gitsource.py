@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kinds.git import cli
+import kinds.git.cli as cli
 from kinds.git.cli import Credentials
 
 __all__ = ["SCHEMES", "SourceError", "export", "resolve"]
