@@ -19,6 +19,7 @@ from graphenectl._cmd_observe import metrics, trace
 from graphenectl._cmd_read import describe, events, get, logs, tree
 from graphenectl._cmd_run import run_app
 from graphenectl._cmd_secret import secret_app
+from graphenectl._cmd_source import source_app
 from graphenectl._cmd_write import apply, delete, extend, release, stand_app, transfer
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt
 from graphenectl._output import write
@@ -29,7 +30,8 @@ HELP = """Operate Graphene from the shell: records, runs, pipelines and stands.
 Log in once with `graphenectl login --server URL --token-stdin`, then look with `get`, `describe`, \
 `tree`, `events`, `logs`, `metrics` and `trace`, and at who changed what with `audit`; change records \
 with `apply`, `delete`, `transfer`, `extend` and `release`; \
-drive runs with `run start|watch|result|cancel|resume|list`; move files with `artifact get|put`; \
+drive runs with `run start|watch|result|cancel|resume|list`; deliver pipeline code from git with \
+`source apply|sync|list|get|delete`; move files with `artifact get|put`; \
 enroll a machine with `agent create` and open a terminal on it with `agent shell`; keep secrets \
 with `secret set|list`. Who may do what where: `namespace`, `role` (and `role bind`); your API \
 tokens: `token list|create|revoke`; programs' identities: `account create|token|revoke|list`.
@@ -103,6 +105,7 @@ app.command(rich_help_panel=CHANGE)(transfer)
 app.command(rich_help_panel=CHANGE)(extend)
 app.command(rich_help_panel=CHANGE)(release)
 app.add_typer(run_app, rich_help_panel=RUNS)
+app.add_typer(source_app, rich_help_panel=RUNS)
 app.add_typer(stand_app, rich_help_panel=RUNS)
 app.add_typer(artifact_app, rich_help_panel=RUNS)
 app.add_typer(agent_app, rich_help_panel=MACHINES)
