@@ -248,20 +248,38 @@ class SourceOutput(serializers.ModelSerializer):
         return obj.created_by.get_username() if obj.created_by_id and obj.created_by else None
 
 
+class _String(serializers.CharField):
+    """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True")."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class _Boolean(serializers.BooleanField):
+    """``true`` or ``false``, nothing else (DRF's BooleanField takes "yes", 1, "on")."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class _SourceSettings(serializers.Serializer):
     """The settings of a source, as POST, PUT and PATCH take them (checked by the service)."""
 
     refuses_unknown_fields = True
     # Not trimmed: a blank in a URL or a ref is refused, saying so, rather than dropped.
-    url = serializers.CharField(
+    url = _String(
         max_length=1000,
         trim_whitespace=False,
         help_text="the repository: http(s)://, git://, ssh:// or file://, no credentials in it",
     )
-    ref = serializers.CharField(
+    ref = _String(
         max_length=255, trim_whitespace=False, help_text="a branch, a tag, a full ref or a full commit sha"
     )
-    subdirectory = serializers.CharField(
+    subdirectory = _String(
         max_length=500,
         required=False,
         allow_blank=True,
@@ -269,7 +287,7 @@ class _SourceSettings(serializers.Serializer):
         trim_whitespace=False,
         help_text="the directory of the repository that holds the code (default: its root)",
     )
-    credential = serializers.CharField(
+    credential = _String(
         max_length=253,
         required=False,
         allow_blank=True,
@@ -277,7 +295,7 @@ class _SourceSettings(serializers.Serializer):
         trim_whitespace=False,
         help_text="the name of a secret of the namespace holding a token or password (http(s) only)",
     )
-    activate = serializers.BooleanField(
+    activate = _Boolean(
         required=False, default=True, help_text="a new revision's pipelines become active at once (default true)"
     )
 
@@ -292,7 +310,7 @@ class _SourceSettings(serializers.Serializer):
 
 
 class SourceApplyInput(_SourceSettings):
-    name = serializers.CharField(
+    name = _String(
         max_length=63, trim_whitespace=False, help_text="the source's name in its namespace (a DNS label)"
     )
 

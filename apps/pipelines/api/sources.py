@@ -24,10 +24,9 @@ NAME_PATTERN = f"^{DNS_LABEL.pattern}$"
 NAMESPACE = OpenApiParameter(
     "namespace", {"type": "string", "pattern": NAME_PATTERN}, description="the source's namespace (default: default)"
 )
+# As every list's: a name no namespace has lists nothing.
 LIST_NAMESPACE = OpenApiParameter(
-    "namespace",
-    {"type": "string", "pattern": NAME_PATTERN},
-    description="the sources of this namespace (default: every namespace the caller may read)",
+    "namespace", str, description="the sources of this namespace (default: every namespace the caller may read)"
 )
 SETTINGS = ("url", "ref", "subdirectory", "credential", "activate")
 
