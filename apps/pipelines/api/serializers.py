@@ -276,9 +276,7 @@ class _SourceSettings(serializers.Serializer):
         trim_whitespace=False,
         help_text="the repository: http(s)://, git://, ssh:// or file://, no credentials in it",
     )
-    ref = _String(
-        max_length=255, trim_whitespace=False, help_text="a branch, a tag, a full ref or a full commit sha"
-    )
+    ref = _String(max_length=255, trim_whitespace=False, help_text="a branch, a tag, a full ref or a full commit sha")
     subdirectory = _String(
         max_length=500,
         required=False,
@@ -310,9 +308,7 @@ class _SourceSettings(serializers.Serializer):
 
 
 class SourceApplyInput(_SourceSettings):
-    name = _String(
-        max_length=63, trim_whitespace=False, help_text="the source's name in its namespace (a DNS label)"
-    )
+    name = _String(max_length=63, trim_whitespace=False, help_text="the source's name in its namespace (a DNS label)")
 
 
 class SourceChangeInput(_SourceSettings):
