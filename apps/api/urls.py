@@ -10,6 +10,7 @@ from apps.api.audit_views import AuditViewSet
 from apps.api.views import WhoAmI
 from apps.artifacts.api.views import ArtifactViewSet
 from apps.pipelines.api.revisions import RevisionViewSet
+from apps.pipelines.api.sources import SourceViewSet
 from apps.pipelines.api.stands import StandViewSet
 from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
@@ -30,6 +31,7 @@ router.register("orphans", OrphanViewSet, basename="orphan")
 router.register("pipelines", PipelineViewSet, basename="pipeline")
 router.register("runs", RunViewSet, basename="run")
 router.register("revisions", RevisionViewSet, basename="revision")
+router.register("sources", SourceViewSet, basename="source")
 router.register("stands", StandViewSet, basename="stand")
 router.register("agents", AgentViewSet, basename="agent")
 router.register("secrets", SecretViewSet, basename="secret")

@@ -31,6 +31,7 @@ NAMESPACE_HOLDERS: tuple[tuple[str, Q], ...] = (
     ("records.Record", ~Q(phase=TOMBSTONE_PHASE)),
     ("pipelines.Run", Q()),
     ("pipelines.Pipeline", Q()),
+    ("pipelines.Source", Q()),
     ("secrets.Secret", Q()),
 )
 
@@ -110,7 +111,7 @@ def namespace_create(*, name: str, description: str = "", actor: Any) -> Namespa
 @transaction.atomic
 def namespace_delete(*, name: str, actor: Any) -> None:
     """Delete an empty namespace and its bindings. One that still holds something it names
-    (records that are not tombstones, runs, pipelines, secrets) is refused, counting what is
+    (records that are not tombstones, runs, pipelines, sources, secrets) is refused, counting what is
     left (``NAMESPACE_HOLDERS``)."""
     from django.apps import apps
 

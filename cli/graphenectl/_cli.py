@@ -20,6 +20,7 @@ from graphenectl._cmd_pipeline import pipeline_app
 from graphenectl._cmd_read import describe, events, get, logs, tree
 from graphenectl._cmd_run import run_app
 from graphenectl._cmd_secret import secret_app
+from graphenectl._cmd_source import source_app
 from graphenectl._cmd_write import apply, delete, extend, release, stand_app, transfer
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt
 from graphenectl._output import write
@@ -31,7 +32,8 @@ Log in once with `graphenectl login --server URL --token-stdin`, then look with 
 `tree`, `events`, `logs`, `metrics` and `trace`, and at who changed what with `audit`; change records \
 with `apply`, `delete`, `transfer`, `extend` and `release`; \
 drive runs with `run start|watch|result|cancel|resume|list`; deliver pipeline code with \
-`pipeline push|activate|revisions|history`; move files with `artifact get|put`; \
+`pipeline push|activate|revisions|history` or from git with `source apply|sync|list|get|delete`; \
+move files with `artifact get|put`; \
 enroll a machine with `agent create` and open a terminal on it with `agent shell`; keep secrets \
 with `secret set|list`. Who may do what where: `namespace`, `role` (and `role bind`); your API \
 tokens: `token list|create|revoke`; programs' identities: `account create|token|revoke|list`.
@@ -106,6 +108,7 @@ app.command(rich_help_panel=CHANGE)(extend)
 app.command(rich_help_panel=CHANGE)(release)
 app.add_typer(pipeline_app, rich_help_panel=RUNS)
 app.add_typer(run_app, rich_help_panel=RUNS)
+app.add_typer(source_app, rich_help_panel=RUNS)
 app.add_typer(stand_app, rich_help_panel=RUNS)
 app.add_typer(artifact_app, rich_help_panel=RUNS)
 app.add_typer(agent_app, rich_help_panel=MACHINES)

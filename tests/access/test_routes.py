@@ -29,7 +29,7 @@ from apps.artifacts import services as artifacts
 from apps.core import access
 from apps.core.models import RoleBinding
 from apps.pipelines import services as pipelines
-from apps.pipelines.delivery import revisions
+from apps.pipelines.delivery import revisions, sources
 from apps.records import services as records
 from apps.records.models import Record
 from apps.secrets import services as secrets
@@ -146,6 +146,7 @@ class Place:
     account_token: str  # the id of one of its tokens
     revision: str  # the digest of a revision of the namespace
     archive: bytes  # pipeline code not pushed yet (a tar.gz)
+    source: str  # a git source of the namespace (its repository is never reached: see the routes)
 
 
 def _code(namespace: str, name: str) -> Path:
@@ -172,6 +173,10 @@ def _place(namespace: str, pipeline: str) -> Place:
     pipelines.stand_get(pipeline, namespace=namespace)
     revision = revisions.revision_materialize(tree=_code(namespace, f"routes.{namespace}"), namespace=namespace)
     archive = _delivery.pack(_code(namespace, f"routes.new-{namespace}"), max_bytes=10**6)
+    # Nothing listens there: a sync that got past the door would fail, not reach the network.
+    source = sources.source_apply(
+        namespace=namespace, name=f"src-{namespace}", url="git://127.0.0.1:9/app.git", ref="main", actor=None
+    ).source
     return Place(
         namespace,
         stand,
@@ -186,6 +191,7 @@ def _place(namespace: str, pipeline: str) -> Place:
         str(account_token.pk),
         revision.revision.digest,
         archive,
+        source.name,
     )
 
 
@@ -232,6 +238,21 @@ def _routes(p: Place) -> list[tuple[str, str, Any]]:
         ("GET", "/api/v1/revisions/", None),
         ("GET", f"/api/v1/revisions/{p.revision}/", None),
         ("POST", f"/api/v1/revisions/?namespace={p.namespace}", p.archive),
+        ("GET", f"/api/v1/sources/?namespace={p.namespace}", None),
+        (
+            "POST",
+            f"/api/v1/sources/?namespace={p.namespace}",
+            {"name": "fresh", "url": "git://127.0.0.1:9/fresh.git", "ref": "main"},
+        ),
+        ("GET", f"/api/v1/sources/{p.source}/?namespace={p.namespace}", None),
+        (
+            "PUT",
+            f"/api/v1/sources/{p.source}/?namespace={p.namespace}",
+            {"url": "git://127.0.0.1:9/a.git", "ref": "v2"},
+        ),
+        ("PATCH", f"/api/v1/sources/{p.source}/?namespace={p.namespace}", {"ref": "v3"}),
+        ("DELETE", f"/api/v1/sources/{p.source}/?namespace={p.namespace}", None),
+        ("POST", f"/api/v1/sources/{p.source}/sync/?namespace={p.namespace}", None),
         ("GET", "/api/v1/runs/", None),
         ("GET", f"/api/v1/runs/{p.run.pk}/", None),
         ("GET", f"/api/v1/runs/{p.run.pk}/events/", None),

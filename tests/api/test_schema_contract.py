@@ -52,6 +52,12 @@ DATA_DEPENDENT = {
     ("POST", "/api/v1/pipelines/{name}/runs/"): "inputs are checked against the pipeline's input schema",
     # The spec is checked against its kind's spec schema; kinds are a registry.
     ("POST", "/api/v1/records/"): "the spec is checked against its kind's spec schema",
+    # A git source's URL, ref and sub-directory are checked by git's rules, its credential
+    # against the namespace's secrets; a sync asks the repository, which may refuse it.
+    ("POST", "/api/v1/sources/"): "the settings are checked by git's rules and against the secrets",
+    ("PUT", "/api/v1/sources/{name}/"): "the settings are checked by git's rules and against the secrets",
+    ("PATCH", "/api/v1/sources/{name}/"): "the settings are checked by git's rules and against the secrets",
+    ("POST", "/api/v1/sources/{name}/sync/"): "a sync asks the repository, which may refuse it",
 }
 
 

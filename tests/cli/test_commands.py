@@ -263,6 +263,8 @@ def test_run_watch_in_a_log_shows_log_text_names_and_the_outcome(ctl: Ctl, worke
         ("role", "create"),
         ("role", "bind"),
         ("secret", "set"),
+        ("source", "apply"),
+        ("source", "sync"),
         ("ctx", "set-namespace"),
     ],
 )

@@ -47,7 +47,7 @@ from apps.core.errors import ValidationFailed
 from apps.core.models import Namespace, Role, RoleBinding
 from apps.observability.models import LogLine
 from apps.pipelines import services as pipelines
-from apps.pipelines.delivery import revisions
+from apps.pipelines.delivery import revisions, sources
 from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent
 from apps.records import services as records
 from apps.records.models import Event, Record
@@ -193,6 +193,12 @@ bad_lifetimes = (
 # What a boolean query parameter takes (apps/api/params.py): anything else is refused.
 BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
 long_comments = st.text(st.characters(categories=["L"]), min_size=201, max_size=260)
+# A git source's settings that are refused: no scheme, an empty ref or one that reads as an
+# option, a sub-directory that climbs out; anything but true or false where a flag goes.
+bad_urls = st.text(max_size=20).filter(lambda t: "://" not in t)
+bad_refs = st.just("") | st.text(max_size=8).map(lambda t: "-" + t)
+bad_subdirectories = st.text(max_size=8).map(lambda t: "../" + t)
+not_booleans = st.none() | st.integers() | st.text(max_size=6) | st.lists(st.booleans(), max_size=2)
 
 
 # --- the doors -------------------------------------------------------------------------------------
@@ -292,6 +298,44 @@ DOORS = [
     ),
     Door("secret replace", "PUT", "/api/v1/secrets/doors/", {"value": "v2"}, strict={"value": not_strings}),
     Door("secret delete", "DELETE", "/api/v1/secrets/doors/", None),
+    Door(
+        "source apply",
+        "POST",
+        "/api/v1/sources/",
+        {
+            "name": "doors-new",
+            "url": "git://127.0.0.1:9/new.git",
+            "ref": "main",
+            "subdirectory": "ci",
+            "activate": True,
+        },
+        strict={
+            "name": not_strings | bad_names,
+            "url": not_strings | bad_urls,
+            "ref": not_strings | bad_refs,
+            "subdirectory": not_strings | bad_subdirectories,
+            "credential": not_strings | st.just("no-such-secret"),
+            "activate": not_booleans,
+            "subdir": json_values,
+        },
+    ),
+    Door(
+        "source replace",
+        "PUT",
+        "/api/v1/sources/doors-src/",
+        {"url": "git://127.0.0.1:9/doors.git", "ref": "v2"},
+        strict={"url": not_strings | bad_urls, "ref": not_strings | bad_refs, "activate": not_booleans},
+    ),
+    Door(
+        "source change",
+        "PATCH",
+        "/api/v1/sources/doors-src/",
+        {"ref": "v3"},
+        strict={"ref": not_strings | bad_refs, "subdirectory": bad_subdirectories, "nmae": json_values},
+    ),
+    Door("source delete", "DELETE", "/api/v1/sources/doors-src/", None),
+    # Its repository is never reached: every request here is refused before (nothing listens there).
+    Door("source sync", "POST", "/api/v1/sources/doors-src/sync/", None),
     Door(
         "agent create",
         "POST",
@@ -612,6 +656,9 @@ def world(web: WebServer, django_user_model: Any, tmp_path_factory: pytest.TempP
     agent = agents.agent_declare(owner=other, name="doors-box").record
     command = agents.command_submit(agent=agent, kind="exec", payload={"argv": ["true"]})
     secrets.secret_create(name="doors", value="v")
+    sources.source_apply(
+        namespace="default", name="doors-src", url="git://127.0.0.1:9/doors.git", ref="main", actor=None
+    )
     rbac.namespace_create(name="doors-empty", actor=None)
     rbac.role_create(name="doors-custom", rules=[{"verbs": ["get"], "resources": ["runs"]}], actor=None)
     binding, _ = rbac.role_bind(role="viewer", namespace="doors-empty", user="doors", actor=None)
@@ -720,6 +767,11 @@ def test_the_doors_are_every_write_endpoint_of_the_urlconf() -> None:
         ("POST", "SecretViewSet.create"),
         ("PUT", "SecretViewSet.update"),
         ("DELETE", "SecretViewSet.destroy"),
+        ("POST", "SourceViewSet.create"),
+        ("PUT", "SourceViewSet.update"),
+        ("PATCH", "SourceViewSet.partial_update"),
+        ("DELETE", "SourceViewSet.destroy"),
+        ("POST", "SourceViewSet.sync"),
         ("POST", "AgentViewSet.create"),
         ("POST", "AgentViewSet.exec"),
         ("POST", "AgentViewSet.cancel"),

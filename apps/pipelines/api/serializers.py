@@ -5,7 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent
+from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent, Source
 
 
 class PipelineOutput(serializers.ModelSerializer):
@@ -217,3 +217,135 @@ class RunStartInput(serializers.Serializer):
                 {name: ["unknown field; a start takes inputs and revision"] for name in unknown}
             )
         return attrs
+
+
+class SourceOutput(serializers.ModelSerializer):
+    """A git source: where a namespace's pipeline code comes from, and what it synced last."""
+
+    revision = serializers.SerializerMethodField(help_text="the digest of the revision synced last; null: none yet")
+    created_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Source
+        fields = [
+            "id",
+            "name",
+            "namespace",
+            "url",
+            "ref",
+            "subdirectory",
+            "credential",
+            "activate",
+            "commit",
+            "revision",
+            "synced_at",
+            "error",
+            "error_at",
+            "created_by",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+        extra_kwargs = {"credential": {"help_text": "the name of the secret holding the token (never its value)"}}
+
+    def get_revision(self, obj: Source) -> str | None:
+        return obj.revision.digest if obj.revision_id is not None and obj.revision is not None else None
+
+    def get_created_by(self, obj: Source) -> str | None:
+        return obj.created_by.get_username() if obj.created_by_id and obj.created_by else None
+
+
+class _String(serializers.CharField):
+    """A JSON string, nothing else (DRF's CharField would turn 5 or true into "5", "True")."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class _Boolean(serializers.BooleanField):
+    """``true`` or ``false``, nothing else (DRF's BooleanField takes "yes", 1, "on")."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class _SourceSettings(serializers.Serializer):
+    """The settings of a source, as POST, PUT and PATCH take them (checked by the service)."""
+
+    refuses_unknown_fields = True
+    # Not trimmed: a blank in a URL or a ref is refused, saying so, rather than dropped.
+    url = _String(
+        max_length=1000,
+        trim_whitespace=False,
+        help_text="the repository: http(s)://, git://, ssh:// or file://, no credentials in it",
+    )
+    ref = _String(max_length=255, trim_whitespace=False, help_text="a branch, a tag, a full ref or a full commit sha")
+    subdirectory = _String(
+        max_length=500,
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text="the directory of the repository that holds the code (default: its root)",
+    )
+    credential = _String(
+        max_length=253,
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text="the name of a secret of the namespace holding a token or password (http(s) only)",
+    )
+    activate = _Boolean(
+        required=False, default=True, help_text="a new revision's pipelines become active at once (default true)"
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A misspelt setting (``subdir``) must not be dropped silently.
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError(
+                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
+            )
+        return attrs
+
+
+class SourceApplyInput(_SourceSettings):
+    name = _String(max_length=63, trim_whitespace=False, help_text="the source's name in its namespace (a DNS label)")
+
+
+class SourceChangeInput(_SourceSettings):
+    """PUT: every setting (those left out take their defaults); PATCH: those given."""
+
+
+class SourceSyncOutput(SourceOutput):
+    """The source after a sync, with what the sync did."""
+
+    new = serializers.SerializerMethodField(
+        help_text="false: the ref still names the commit synced last, and nothing was exported"
+    )
+    revision_created = serializers.SerializerMethodField(
+        help_text="a revision was made (false: the namespace had one of the same files)"
+    )
+    activated = serializers.SerializerMethodField(help_text="the pipelines this sync made active")
+    pipelines = serializers.SerializerMethodField(help_text="the pipelines the revision defines")
+
+    class Meta(SourceOutput.Meta):
+        fields = [*SourceOutput.Meta.fields, "new", "revision_created", "activated", "pipelines"]
+        read_only_fields = fields
+
+    def get_new(self, obj: Source) -> bool:
+        return bool(self.context["new"])
+
+    def get_revision_created(self, obj: Source) -> bool:
+        return bool(self.context["created"])
+
+    def get_activated(self, obj: Source) -> list[str]:
+        return list(self.context["activated"])
+
+    def get_pipelines(self, obj: Source) -> list[str]:
+        return obj.revision.pipeline_names() if obj.revision is not None else []

@@ -36,7 +36,17 @@ from urllib.parse import urlsplit
 import kinds.git.cli as cli
 from kinds.git.cli import Credentials
 
-__all__ = ["SCHEMES", "SourceError", "export", "resolve"]
+__all__ = [
+    "SCHEMES",
+    "Credentials",
+    "SourceError",
+    "check_ref",
+    "check_subdirectory",
+    "check_url",
+    "export",
+    "resolve",
+    "token_credentials",
+]
 
 SCHEMES = ("http", "https", "git", "file", "ssh")
 
@@ -108,8 +118,8 @@ def resolve(url: str, ref: str, credentials: Credentials | None = None) -> str:
     returned as given (lower case) once the repository has answered: whether the server has it
     is known only by fetching it, and ``export`` says so clearly if it does not.
     """
-    _check_url(url, credentials)
-    ref = _check_ref(ref)
+    check_url(url, with_credentials=credentials is not None)
+    ref = check_ref(ref)
     try:
         refs = cli.ls_remote(url, credentials)
     except cli.GitError as exc:
@@ -136,9 +146,9 @@ def export(
     adding up to more than ``max_bytes``, a path or symlink leading outside the tree. If
     writing fails midway, ``dest`` is emptied again.
     """
-    _check_url(url, credentials)
+    check_url(url, with_credentials=credentials is not None)
     commit = _check_commit(commit)
-    sub = _check_subdirectory(subdirectory)
+    sub = check_subdirectory(subdirectory)
     _check_max_bytes(max_bytes)
     dest = _check_dest(dest)
     where = f"{sub!r} of commit {commit}" if sub else f"commit {commit}"
@@ -191,6 +201,17 @@ def export(
             raise
 
 
+def token_credentials(password: str) -> Credentials:
+    """The credentials of a token or password for an http(s) repository (a source's credential:
+    a secret's value), sent with the username ``x-access-token``, which GitHub expects with a
+    token and GitLab and Gitea accept. A ``SourceError`` (``invalid``, never naming the value)
+    if git cannot send it (empty, or more than one line)."""
+    try:
+        return Credentials(username=cli.DEFAULT_USERNAME, password=password.strip("\n"))
+    except ValueError as exc:
+        raise SourceError(f"the credential cannot be used as a git password: {exc}", code="invalid") from None
+
+
 # -- validation ------------------------------------------------------------------------------
 
 
@@ -202,7 +223,10 @@ def _has_control(text: str) -> bool:
     return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
-def _check_url(url: str, credentials: Credentials | None) -> None:
+def check_url(url: str, *, with_credentials: bool = False) -> None:
+    """A ``SourceError`` (``invalid``) unless ``url`` is a repository URL git may be given:
+    a known scheme, a host (or a path for ``file://``), no user:password in it, and, when a
+    credential goes with it, http(s)."""
     if not isinstance(url, str) or not url.strip():
         raise _invalid("the repository URL is empty: give an http(s)://, git://, ssh:// or file:// URL")
     if _has_control(url) or any(c.isspace() for c in url):
@@ -230,14 +254,16 @@ def _check_url(url: str, credentials: Credentials | None) -> None:
         raise _invalid(f"{url!r} names no path")
     if scheme != "file" and not parts.hostname:
         raise _invalid(f"{url!r} names no host")
-    if credentials is not None and scheme not in ("http", "https"):
+    if with_credentials and scheme not in ("http", "https"):
         raise _invalid(
             f"a credential is a token or password for an http(s) repository; {scheme}:// URLs take none "
             "(ssh uses the worker's own ssh configuration)"
         )
 
 
-def _check_ref(ref: str) -> str:
+def check_ref(ref: str) -> str:
+    """``ref`` if it can name a ref or a commit (not empty, no blanks, no leading '-'); else a
+    ``SourceError`` (``invalid``). Whether the repository has it is for ``resolve`` to say."""
     if not isinstance(ref, str) or not ref:
         raise _invalid("the ref is empty: give a branch, a tag or a full commit sha")
     if _has_control(ref) or any(c.isspace() for c in ref):
@@ -255,7 +281,7 @@ def _check_commit(commit: str) -> str:
     return commit.lower()
 
 
-def _check_subdirectory(subdirectory: str) -> str:
+def check_subdirectory(subdirectory: str) -> str:
     """``subdirectory`` normalized (``./a//b/`` → ``a/b``; ``""`` or ``.`` → the root)."""
     if not isinstance(subdirectory, str):
         raise _invalid("the sub-directory must be a string")
