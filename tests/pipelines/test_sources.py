@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
 from rest_framework.test import APIClient
 
 from apps.core.models import AuditEntry
@@ -165,6 +167,13 @@ def test_each_new_commit_synced_is_a_revision_that_new_runs_take(
     listed = api.get(f"/api/v1/revisions/?pipeline={pipeline}").json()["results"]
     assert [(r["digest"], r["source"], r["commit"]) for r in listed] == [(revision.digest, "app", first)]
     assert outputs(services.run_start(pipeline_name=pipeline, inputs={})) == {"version": "A"}
+    # The Studio's pipelines page lists the source, its commit and its revision.
+    studio = Client()
+    studio.force_login(User.objects.get(username="alice"))
+    page = studio.get("/pipelines/").content.decode()
+    assert 'data-source="default/app"' in page
+    assert first[:12] in page
+    assert revision.short in page
 
     # The same commit again: nothing new, nothing activated, the same revision.
     again = synced(api)

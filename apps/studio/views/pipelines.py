@@ -13,12 +13,14 @@ from django.utils import timezone
 
 from apps.core.errors import GrapheneError, ValidationFailed
 from apps.pipelines import selectors, services
+from apps.pipelines.delivery import sources
 from apps.studio.forms import form_fields, has_errors, inputs_from_post, show_errors
 from apps.studio.views.common import render
 
 RECENT_RUNS = 5
 RATE_WINDOW = timedelta(days=30)
 HISTORY = 20  # the newest delivery events shown on a pipeline's page
+SOURCES_SHOWN = 200
 
 
 def _rates(request: HttpRequest) -> dict[int, tuple[int, int]]:
@@ -32,9 +34,12 @@ def pipeline_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     rates = _rates(request)
     stands = {s.stand.name: s for s in selectors.stand_list(user=request.user)}
     rows = [(p, recent.get(p.pk, []), rates.get(p.pk, (0, 0)), stands.get(p.name)) for p in pipelines]
-    return render(
-        request, site, "studio/pipelines.html", {"rows": rows, "window_days": RATE_WINDOW.days}, title="Pipelines"
-    )
+    context = {
+        "rows": rows,
+        "window_days": RATE_WINDOW.days,
+        "sources": list(sources.source_list(user=request.user).order_by("namespace", "name")[:SOURCES_SHOWN]),
+    }
+    return render(request, site, "studio/pipelines.html", context, title="Pipelines")
 
 
 def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> HttpResponse:
