@@ -110,6 +110,21 @@ def record_children_counts(*, record: Record) -> dict[str, int]:
     return {row["phase"]: row["n"] for row in rows}
 
 
+def record_deletion_blockers(*, record: Record, limit: int = 20) -> list[Record]:
+    """The protected records a requested deletion of ``record`` waits on: in its subtree (or
+    it), with their deletion requested; none when its deletion was not requested."""
+    if record.deletion_requested_at is None or record.phase == Phase.DELETED:
+        return []
+    blockers = Record.objects.filter(
+        tree_id=record.tree_id,
+        lft__gte=record.lft,
+        rght__lte=record.rght,
+        protected=True,
+        deletion_requested_at__isnull=False,
+    )
+    return list(blockers.order_by("lft").only("id", "kind", "name", "protected_by")[:limit])
+
+
 def subtree_of(record: Record) -> QuerySet[Record]:
     """The record and its descendants, bounded by the record's row *as the query runs*: a
     declaration committed meanwhile shifts ``lft``/``rght``, and bounds read earlier (the

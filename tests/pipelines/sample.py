@@ -382,6 +382,23 @@ def drift_options(ctx: Context, inputs: DriftInputs) -> None:
     config.ready()
 
 
+class ProtectInputs(BaseModel):
+    hold_seconds: float = Field(default=600, ge=0)
+
+
+@pipeline("sample.protect", inputs=ProtectInputs)
+def protected_env(ctx: Context, inputs: ProtectInputs) -> None:
+    """An environment whose database is declared protected (with a volume of its own), beside
+    a cache and a web server; holds it until cancelled."""
+    env = ctx.declare("test.sleep", "env")
+    db = ctx.declare("test.sleep", "db", parent=env, protect=True)
+    ctx.declare("test.sleep", "volume", parent=db)
+    ctx.declare("test.sleep", "cache", parent=env)
+    ctx.declare("test.sleep", "web")
+    db.ready()
+    ctx.sleep(inputs.hold_seconds)
+
+
 class FileInputs(BaseModel):
     folder: str
 

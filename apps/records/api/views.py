@@ -89,6 +89,7 @@ def _detail(record: Record) -> dict[str, Any]:
     context = {
         "owner_chain": selectors.record_owner_chain(record=record),
         "children": selectors.record_children_counts(record=record),
+        "blocked_by": selectors.record_deletion_blockers(record=record),
     }
     return dict(RecordDetailOutput(record, context=context).data)
 
@@ -115,7 +116,8 @@ LIST_PARAMS = [
 
 
 class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
-    """Records: list with selectors, get, tree, events, apply, delete, transfer, extend."""
+    """Records: list with selectors, get, tree, events, apply, delete, transfer, extend,
+    release, protect, unprotect."""
 
     path_ids = {"pk": "record"}
     serializer_class = RecordOutput
@@ -134,6 +136,8 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         "transfer": "update",
         "extend": "update",
         "release": "update",
+        "protect": "update",
+        "unprotect": "update",
     }
 
     @extend_schema(parameters=LIST_PARAMS, responses=RecordOutput(many=True))
@@ -364,6 +368,21 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         """Remove the record's TTL."""
         record = selectors.record_get(user=request.user, record_id=pk)
         return Response(_detail(services.record_release(record=record, actor=request.user)))
+
+    @extend_schema(request=None, responses=RecordDetailOutput)
+    @action(detail=True, methods=["post"])
+    def protect(self, request: Request, pk: str) -> Response:
+        """Protect the record: a deletion that reaches it (its own, an owner's, a TTL's, its
+        run's end) stops there until it is unprotected. 409 for a record deleted or being deleted."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        return Response(_detail(services.record_protect(record=record, actor=request.user)))
+
+    @extend_schema(request=None, responses=RecordDetailOutput)
+    @action(detail=True, methods=["post"])
+    def unprotect(self, request: Request, pk: str) -> Response:
+        """Remove the protection; a deletion that waited on it goes on, children first."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        return Response(_detail(services.record_unprotect(record=record, actor=request.user)))
 
 
 class KindViewSet(viewsets.ViewSet):
