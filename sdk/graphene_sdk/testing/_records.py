@@ -130,7 +130,7 @@ class RecordRules:
         ``deletion_waiting`` says why) until it is unprotected. Returns whether ``record`` went.
         """
         if record.protected:
-            record.deletion_waiting = record.deletion_waiting or reason
+            self._hold(record, reason)
             return False
         gone = True
         for child in reversed(self._owned_by(f"record:{record.id}")):
@@ -144,6 +144,12 @@ class RecordRules:
         record.deletion_waiting = ""
         self._deletions.append(record)
         return True
+
+    def _hold(self, record: Record, reason: str) -> None:
+        """A deletion reached the protected ``record``: it and its subtree wait, as they are."""
+        record.deletion_waiting = record.deletion_waiting or reason
+        for child in self._owned_by(f"record:{record.id}"):
+            self._hold(child, reason)
 
     def _unprotect(self, record: Record) -> None:
         """Remove the protection; a deletion that waited on it goes on, up its owners."""

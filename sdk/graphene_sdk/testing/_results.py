@@ -44,8 +44,8 @@ class Record:
     deletion_reason: str = ""
     position: int = 0  # order among its owner's records: declaration, or arrival by transfer
     protected: bool = False  # a deletion stops here (``protect=True``, ``World.protect``)
-    # The reason of a deletion that reached this record and waits: it is protected, or owns a
-    # protected record (children go first). Empty when no deletion waits here.
+    # The reason of a deletion that reached this record and waits: it is protected, a protected
+    # record owns it, or it owns one (children go first). Empty when no deletion waits here.
     deletion_waiting: str = ""
 
     @property
