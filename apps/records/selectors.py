@@ -208,6 +208,13 @@ def record_subtree_live(*, record: Record, limit: int) -> list[Record]:
     return list(subtree_of(record).exclude(phase=Phase.DELETED).defer(*LIST_DEFERRED).order_by("lft")[:limit])
 
 
+def record_subtree_protected(*, record: Record, limit: int = 20) -> list[Record]:
+    """The live protected records in ``record``'s subtree (it included), in tree order: where
+    a deletion of it would stop."""
+    protected = subtree_of(record).filter(protected=True).exclude(phase=Phase.DELETED)
+    return list(protected.only("id", "kind", "name").order_by("lft")[:limit])
+
+
 def record_events(*, record: Record) -> QuerySet[Event]:
     return Event.objects.filter(record=record).select_related("actor").order_by("id")
 

@@ -738,6 +738,8 @@ def _node_label(node: dict[str, Any]) -> Text:
     label.append(node["phase"], style=status_style(node["phase"]) or "")
     if node.get("expires_at"):
         label.append(f"  ttl {ttl(node['expires_at'])}", style="yellow")
+    if node.get("protected"):
+        label.append("  protected", style="yellow")
     label.append(f"  {node['id']}", style="dim")
     if node.get("truncated"):
         label.append("  … (deeper: --depth)", style="dim")

@@ -39,6 +39,8 @@ def test_protect_and_unprotect_say_who_and_when_with_events_and_audit_rows(api: 
     listed = api.get(f"/api/v1/records/?owner={owner.pk}").json()["results"]
     assert [(r["name"], r["protected"], r["protected_by"]) for r in listed] == [("db", True, "user:alice")]
     assert protect(api, db).json()["protected_at"] == body["protected_at"]  # again: nothing changes
+    tree = api.get(f"/api/v1/records/{owner.pk}/tree/").json()
+    assert (tree["protected"], tree["children"][0]["protected"]) == (False, True)
 
     gone = unprotect(api, db)
     assert gone.status_code == 200, gone.content
@@ -61,7 +63,7 @@ def test_a_deletion_request_answers_what_it_waits_on(api: APIClient, django_capt
     db = factories.sleep(env, "db")
     assert protect(api, db).status_code == 200
     with django_capture_on_commit_callbacks(execute=False):
-        deleting = api.delete(f"/api/v1/records/{env.pk}/")
+        deleting = api.delete(f"/api/v1/records/{env.pk}/?wait=true&timeout=300")  # answers at once
     assert deleting.status_code == 202
     assert deleting.json()["deletion_blocked_by"] == [{"id": str(db.pk), "kind": "test.sleep", "name": "db"}]
     assert api.get(f"/api/v1/records/{db.pk}/").json()["deletion_blocked_by"][0]["id"] == str(db.pk)

@@ -39,6 +39,9 @@ def test_protect_then_unprotect_from_the_record_page(studio: Client, django_capt
     assert 'id="action-unprotect"' in done
     assert Record.objects.get(pk=db.pk).protected
 
+    confirm = studio.get(f"/records/record/{env.pk}/delete/").content.decode()
+    assert 'id="delete-protected"' in confirm
+    assert "The deletion stops at 1 protected record" in confirm
     with django_capture_on_commit_callbacks(execute=False):
         services.record_delete_request(record=env)
     waiting = page(studio, env)

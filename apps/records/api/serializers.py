@@ -166,6 +166,7 @@ class TreeNode(serializers.Serializer):
     name = serializers.CharField()
     phase = serializers.ChoiceField(choices=Phase.choices)
     expires_at = serializers.DateTimeField(allow_null=True)
+    protected = serializers.BooleanField(help_text="a deletion stops here until it is unprotected")
     children = serializers.ListField(child=serializers.DictField())
     truncated = serializers.BooleanField(help_text="deeper descendants exist beyond the requested depth")
 

@@ -227,12 +227,14 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         responses={200: RecordDetailOutput, 202: RecordDetailOutput},
     )
     def destroy(self, request: Request, pk: str) -> Response:
-        """Delete the record and its subtree, children first. 202 while in progress, 200 when gone."""
+        """Delete the record and its subtree, children first. 202 while in progress, 200 when gone.
+        A deletion that stops at a protected record answers 202 at once, naming it in
+        ``deletion_blocked_by``: waiting would not see it end."""
         record = selectors.record_get(user=request.user, record_id=pk)
         wait = bool_param(request.query_params, "wait")
         timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)  # refused before acting
         record = services.record_delete_request(record=record, actor=request.user)
-        if wait:
+        if wait and not selectors.record_deletion_blockers(record=record, limit=1):
             deadline = time.monotonic() + timeout
             while record.phase != Phase.DELETED and time.monotonic() < deadline:
                 release_pooled_connection()  # the web's pool is bounded: hold none while asleep
@@ -259,6 +261,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
                 "name": node.name,
                 "phase": node.phase,
                 "expires_at": node.expires_at.isoformat() if node.expires_at else None,
+                "protected": node.protected,
                 "children": [],
                 "truncated": node.level == record.level + depth and not node.is_leaf_node(),
             }

@@ -301,6 +301,7 @@ def record_delete(request: HttpRequest, *, site: AdminSite, record_id: Any) -> H
             for item in selectors.record_subtree_live(record=record, limit=DELETE_PREVIEW)
         ],
         "root_run": _run_of(record),
+        "protected": selectors.record_subtree_protected(record=record),
     }
     return render(request, site, "studio/record_delete.html", context, title=f"Delete {record}?")
 
