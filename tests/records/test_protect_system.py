@@ -81,8 +81,8 @@ def test_a_cancelled_run_ends_its_deletion_stops_at_the_protected_record_and_unp
 
     records = wait_for(declared, timeout=60, what="the run's five records ready and the run asleep")
     assert records is not None
-    root = Record.objects.get(pk=Run.objects.get(pk=run.pk).record_id)
     db, env, volume = records["db"], records["env"], records["volume"]
+    root = Record.objects.get(children=env)  # the run's root record
     assert db.protected
     assert db.protected_by.startswith("run:sample.protect#")
 
