@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from graphene_sdk import RecordInfo
 from rest_framework.test import APIClient
 
 from apps.core.models import AuditEntry
@@ -36,6 +37,8 @@ def test_protect_and_unprotect_say_who_and_when_with_events_and_audit_rows(api: 
     assert (body["protected"], body["protected_by"]) == (True, "user:alice")
     assert body["protected_at"] is not None
     assert body["deletion_blocked_by"] == []
+    info = RecordInfo.from_api(body)  # the Python client's view of it
+    assert (info.protected, info.protected_by) == (True, "user:alice")
     listed = api.get(f"/api/v1/records/?owner={owner.pk}").json()["results"]
     assert [(r["name"], r["protected"], r["protected_by"]) for r in listed] == [("db", True, "user:alice")]
     assert protect(api, db).json()["protected_at"] == body["protected_at"]  # again: nothing changes
