@@ -70,3 +70,22 @@ def test_deleting_a_protected_record_waits_and_unprotecting_an_unprotected_one_d
     assert world.delete(db) == []
     assert db.deletion_waiting == "DeletedByUser"
     assert world.unprotect(db) == [db]
+
+
+@pipeline("kit-libs", inputs=Nothing)
+def kit_libs(ctx: Context, inputs: Nothing) -> None:
+    from graphene_sdk.libs import docker, git
+    from graphene_sdk.libs.file import file
+
+    docker.volume(ctx, "data", protect=True)
+    docker.network(ctx, "net")
+    file(ctx, "notes", path="notes.txt", content="hi\n", protect=True)
+    git.checkout(ctx, "src", repository="https://example.invalid/repo.git", protect=True)
+
+
+def test_the_resource_libraries_pass_protect_on() -> None:
+    world = World()
+    result = world.run(kit_libs)
+    assert result.succeeded, result.error_text
+    assert {r.name: r.protected for r in result.records} == {"data": True, "net": False, "notes": True, "src": True}
+    assert [r.name for r in world.deletions] == ["net"]
