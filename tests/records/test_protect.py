@@ -136,6 +136,22 @@ def test_a_ttl_expiring_stops_at_the_protected_record(eager: None, django_captur
     assert [len(blocked_events(tree[n])) for n in ("db", "env", "root")] == [1, 1, 0]
 
 
+def test_its_own_ttl_running_out_stops_at_the_protected_record(
+    eager: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    tree = build(django_capture_on_commit_callbacks)
+    soon = timezone.now() + timedelta(seconds=30)
+    services.record_set_expiry(record=tree["db"], expires_at=soon)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.records_expire(now=soon + timedelta(seconds=1)) == 1
+        assert services.records_expire(now=soon + timedelta(hours=1)) == 0  # not again
+    assert [phase(tree[n]) for n in ("db", "volume")] == [Phase.READY] * 2
+    assert [len(blocked_events(tree[n])) for n in ("db", "env")] == [1, 0]
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_unprotect(record=tree["db"])
+    assert [phase(tree[n]) for n in ("volume", "db", "env")] == [Phase.DELETED, Phase.DELETED, Phase.READY]
+
+
 def test_what_was_being_deleted_below_before_protection_goes_on(
     eager: None, django_capture_on_commit_callbacks: Any
 ) -> None:

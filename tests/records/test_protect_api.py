@@ -73,6 +73,7 @@ def test_a_deletion_request_answers_what_it_waits_on(api: APIClient, django_capt
     blocked = Event.objects.get(record=env, type=EventType.DELETION_BLOCKED)
     assert blocked.data["protected"] == str(db.pk)
     assert blocked.data["protected_by"] == "user:alice"
+    assert protect(api, db).status_code == 200  # protected already: nothing to change
     # Being deleted, the protected record can still be unprotected (and only then goes).
     refused = protect(api, env)
     assert refused.status_code == 409

@@ -57,9 +57,9 @@ def record_protect(*, record: Record, actor: Actor = None) -> Record:
     access.require_actor(actor, "update", "records", record.namespace)
     with transaction.atomic():
         record = Record.objects.select_for_update(no_key=True).get(pk=record.pk)
-        _refuse_protect(record)
         if record.protected:
-            return record
+            return record  # its deletion may wait on it already: still nothing to change
+        _refuse_protect(record)
         before = _audited(record)
         _set_protected(record, by=protected_by(actor))
         protected_event(record, actor=actor)
@@ -92,11 +92,12 @@ def _set_protected(record: Record, *, by: str) -> None:
 
 def record_unprotect(*, record: Record, actor: Actor = None) -> Record:
     """Remove ``record``'s protection. If a deletion was waiting on it, that deletion goes on:
-    what it owns, then it, then the owners that waited, children first (``deletion_resume``).
+    what it owns, then it, then the owners that waited, children first (``_deletion_resume``).
     Unprotecting an unprotected record changes nothing."""
     access.require_actor(actor, "update", "records", record.namespace)
     with transaction.atomic():
-        _lock_tree(record.tree_id)  # the deletion may go on: the tree's shape is read below
+        tree_id = Record.objects.filter(pk=record.pk).values_list("tree_id", flat=True).get()
+        _lock_tree(tree_id)  # the deletion may go on: the tree's shape is read below
         record = Record.objects.select_for_update(no_key=True).get(pk=record.pk)
         if record.phase == Phase.DELETED:
             raise Conflict(f"{record} ({record.pk}) is deleted; there is no protection to remove")
