@@ -62,6 +62,12 @@ class EventType(models.TextChoices):
     ERROR = "error", "Error"
     # Deletion of the subtree rooted here was requested (by a user, an owner's death or TTL).
     DELETION_REQUESTED = "deletion_requested", "Deletion requested"
+    # The deletion waits on a protected record (``data.protected``: its id): the record itself,
+    # or one it owns (directly or below). Written once per record and protected record.
+    DELETION_BLOCKED = "deletion_blocked", "Deletion blocked"
+    # Protection was set (by a declaration's ``protect=True`` or a user) or removed.
+    PROTECTED = "protected", "Protected"
+    UNPROTECTED = "unprotected", "Unprotected"
     # The record was given to a new owner (event on the record and on both owners).
     TRANSFERRED_OUT = "transferred_out", "Transferred out"
     TRANSFERRED_IN = "transferred_in", "Transferred in"

@@ -62,6 +62,12 @@ class Record(MPTTModel, TimeStampedModel):
     # Heals done (re-convergences after drift), and whether one is in flight.
     heals = models.PositiveIntegerField(default=0)
     healing = models.BooleanField(default=False)
+    # Protection: deletion stops here (the record and what it owns stay, its owners wait in
+    # their deletion) until it is unprotected. Who set it, as the audit trail names actors
+    # (``user:alice``, ``run:deploy#4``), and when; both empty while unprotected.
+    protected = models.BooleanField(default=False)
+    protected_by = models.CharField(max_length=200, blank=True)
+    protected_at = models.DateTimeField(null=True, blank=True)
 
     objects = TreeManager()
 
@@ -91,6 +97,9 @@ class Record(MPTTModel, TimeStampedModel):
             ),
             # Tombstone purge.
             models.Index(fields=["deleted_at"], name="record_tombstone", condition=Q(deleted_at__isnull=False)),
+            # Deletion asks whether a protected record holds a row (one at or above it in its
+            # tree): only the few protected records are in this index.
+            models.Index(fields=["tree_id", "lft"], name="record_protected", condition=Q(protected=True)),
         ]
         constraints = [
             # One live record per (owner, kind, name): a re-declaration adopts the existing one.

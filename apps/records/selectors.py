@@ -110,6 +110,21 @@ def record_children_counts(*, record: Record) -> dict[str, int]:
     return {row["phase"]: row["n"] for row in rows}
 
 
+def record_deletion_blockers(*, record: Record, limit: int = 20) -> list[Record]:
+    """The protected records a requested deletion of ``record`` waits on: in its subtree (or
+    it), with their deletion requested; none when its deletion was not requested."""
+    if record.deletion_requested_at is None or record.phase == Phase.DELETED:
+        return []
+    blockers = Record.objects.filter(
+        tree_id=record.tree_id,
+        lft__gte=record.lft,
+        rght__lte=record.rght,
+        protected=True,
+        deletion_requested_at__isnull=False,
+    )
+    return list(blockers.order_by("lft").only("id", "kind", "name", "protected_by")[:limit])
+
+
 def subtree_of(record: Record) -> QuerySet[Record]:
     """The record and its descendants, bounded by the record's row *as the query runs*: a
     declaration committed meanwhile shifts ``lft``/``rght``, and bounds read earlier (the
@@ -191,6 +206,13 @@ def record_subtree_kind_counts(*, record: Record) -> dict[str, int]:
 def record_subtree_live(*, record: Record, limit: int) -> list[Record]:
     """The live records of ``record``'s subtree in tree order (at most ``limit``)."""
     return list(subtree_of(record).exclude(phase=Phase.DELETED).defer(*LIST_DEFERRED).order_by("lft")[:limit])
+
+
+def record_subtree_protected(*, record: Record, limit: int = 20) -> list[Record]:
+    """The live protected records in ``record``'s subtree (it included), in tree order: where
+    a deletion of it would stop."""
+    protected = subtree_of(record).filter(protected=True).exclude(phase=Phase.DELETED)
+    return list(protected.only("id", "kind", "name").order_by("lft")[:limit])
 
 
 def record_events(*, record: Record) -> QuerySet[Event]:

@@ -21,7 +21,7 @@ from graphenectl._cmd_read import describe, events, get, logs, tree
 from graphenectl._cmd_run import run_app
 from graphenectl._cmd_secret import secret_app
 from graphenectl._cmd_source import source_app
-from graphenectl._cmd_write import apply, delete, extend, release, stand_app, transfer
+from graphenectl._cmd_write import apply, delete, extend, protect, release, stand_app, transfer, unprotect
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt
 from graphenectl._output import write
 from graphenectl._session import session
@@ -30,7 +30,7 @@ HELP = """Operate Graphene from the shell: records, runs, pipelines and stands.
 
 Log in once with `graphenectl login --server URL --token-stdin`, then look with `get`, `describe`, \
 `tree`, `events`, `logs`, `metrics` and `trace`, and at who changed what with `audit`; change records \
-with `apply`, `delete`, `transfer`, `extend` and `release`; \
+with `apply`, `delete`, `transfer`, `extend`, `release`, `protect` and `unprotect`; \
 drive runs with `run start|watch|result|cancel|resume|list`; deliver pipeline code with \
 `pipeline push|activate|revisions|history` or from git with `source apply|sync|list|get|delete`; \
 move files with `artifact get|put`; \
@@ -106,6 +106,8 @@ app.command(rich_help_panel=CHANGE)(delete)
 app.command(rich_help_panel=CHANGE)(transfer)
 app.command(rich_help_panel=CHANGE)(extend)
 app.command(rich_help_panel=CHANGE)(release)
+app.command(rich_help_panel=CHANGE)(protect)
+app.command(rich_help_panel=CHANGE)(unprotect)
 app.add_typer(pipeline_app, rich_help_panel=RUNS)
 app.add_typer(run_app, rich_help_panel=RUNS)
 app.add_typer(source_app, rich_help_panel=RUNS)

@@ -387,6 +387,22 @@ def _run_of(record: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
+def _protection(record: dict[str, Any]) -> str:
+    if not record.get("protected"):
+        return "no"
+    return f"yes, by {record.get('protected_by') or '?'} since {record.get('protected_at')}"
+
+
+def _deletion(record: dict[str, Any]) -> str | None:
+    """When deletion was requested, and the protected records it waits on, if any."""
+    requested = record.get("deletion_requested_at")
+    blockers = record.get("deletion_blocked_by") or []
+    if not requested or not blockers:
+        return requested
+    named = ", ".join(f"{b['kind']}/{b['name']} ({b['id']})" for b in blockers)
+    return f"{requested}; blocked: waits on protected {named} (graphenectl unprotect {blockers[0]['id']})"
+
+
 def _describe_record(record: dict[str, Any]) -> None:
     chain = " > ".join(f"{o['kind']}/{o['name']}" for o in record.get("owner_chain", [])) or "-"
     run = _run_of(record)
@@ -411,12 +427,13 @@ def _describe_record(record: dict[str, Any]) -> None:
             ("Children", f"{total} ({by_phase})" if total else "0"),
             ("Labels", ", ".join(f"{k}={v}" for k, v in (record.get("labels") or {}).items()) or "-"),
             ("TTL", f"{ttl(expires)} (expires {expires})" if expires else "none (lives until deleted)"),
+            ("Protected", _protection(record)),
             ("Generation", f"{record.get('generation')} (observed {record.get('observed_generation')})"),
             ("Attempts", record.get("attempts")),
             ("Created by run", record.get("created_by_run")),
             ("Created", f"{record.get('created_at')} ({age(record.get('created_at'))} ago)"),
             ("Updated", record.get("updated_at")),
-            ("Deletion requested", record.get("deletion_requested_at")),
+            ("Deletion requested", _deletion(record)),
             ("Deleted", record.get("deleted_at")),
             ("Last error", plain_error(str(record.get("last_error") or ""))),
         ]
@@ -721,6 +738,8 @@ def _node_label(node: dict[str, Any]) -> Text:
     label.append(node["phase"], style=status_style(node["phase"]) or "")
     if node.get("expires_at"):
         label.append(f"  ttl {ttl(node['expires_at'])}", style="yellow")
+    if node.get("protected"):
+        label.append("  protected", style="yellow")
     label.append(f"  {node['id']}", style="dim")
     if node.get("truncated"):
         label.append("  … (deeper: --depth)", style="dim")

@@ -1,4 +1,5 @@
-"""Writes on records: ``apply``, ``delete``, ``transfer``, ``extend``, ``release``; the ``stand`` group."""
+"""Writes on records: ``apply``, ``delete``, ``transfer``, ``extend``, ``release``, ``protect``,
+``unprotect``; the ``stand`` group."""
 
 from __future__ import annotations
 
@@ -156,8 +157,15 @@ def delete(
     while wait and record["phase"] != "deleted" and time.monotonic() < deadline:
         time.sleep(0.5)
         record = client.get(f"records/{rid}/")
+    blockers = record.get("deletion_blocked_by") or []
     if record["phase"] == "deleted":
         note(f"record/{rid} deleted ({record['kind']}/{record['name']} and its subtree)")
+    elif blockers:
+        named = ", ".join(f"{b['kind']}/{b['name']} ({b['id']})" for b in blockers)
+        message = f"record/{rid}: the deletion stops at protected {named}; the rest is deleted, children first"
+        if wait:
+            raise CliError(message, hint=f"graphenectl unprotect {blockers[0]['id']}")
+        note(f"{message}; `graphenectl unprotect {blockers[0]['id']}` lets it finish")
     elif wait:
         error = f"; last error: {record['last_error']}" if record.get("last_error") else ""
         raise CliError(
@@ -214,6 +222,39 @@ def release(
     rid = record_id(ref)
     record = session.client().post(f"records/{rid}/release/")
     note(f"record/{rid} has no TTL now; it lives until `graphenectl delete {rid}`")
+    _show(record, output)
+
+
+def protect(
+    ref: Annotated[str, typer.Argument(metavar="RECORD", help="a record id (not a run's or a stand's root)")],
+    output: OutputOpt = Format.name,
+) -> None:
+    """Protect a record: a deletion that reaches it stops there.
+
+    Deleting it, an owner of it, a TTL running out or its run ending: it and what it owns stay,
+    its owners wait in their deletion, and the rest is deleted. `unprotect` lets the deletion
+    finish. Refused for a record that is deleted or already being deleted.
+    """
+    rid = record_id(ref)
+    record = session.client().post(f"records/{rid}/protect/")
+    note(f"record/{rid} is protected (by {record.get('protected_by')}); `graphenectl unprotect {rid}` removes it")
+    _show(record, output)
+
+
+def unprotect(
+    ref: Annotated[str, typer.Argument(metavar="RECORD", help="a protected record")],
+    output: OutputOpt = Format.name,
+) -> None:
+    """Remove a record's protection; a deletion that waited on it goes on, children first."""
+    rid = record_id(ref)
+    record = session.client().post(f"records/{rid}/unprotect/")
+    if record.get("deletion_requested_at") and not record.get("deletion_blocked_by"):
+        note(f"record/{rid} is unprotected; its deletion goes on (`graphenectl get record/{rid}` follows it)")
+    elif record.get("deletion_blocked_by"):
+        others = ", ".join(f"{b['kind']}/{b['name']} ({b['id']})" for b in record["deletion_blocked_by"])
+        note(f"record/{rid} is unprotected; its deletion still waits on protected {others}")
+    else:
+        note(f"record/{rid} is unprotected")
     _show(record, output)
 
 

@@ -47,6 +47,7 @@ RECORD_COLUMNS = [
     Column("AGE", lambda r: age(r.get("created_at"))),
     Column("NAMESPACE", lambda r: r.get("namespace"), wide=True),
     Column("GEN", lambda r: f"{r.get('observed_generation')}/{r.get('generation')}", wide=True),
+    Column("PROTECTED", lambda r: (r.get("protected_by") or "yes") if r.get("protected") else "-", wide=True),
     Column("LABELS", _labels, wide=True),
     Column("ERROR", lambda r: _first_line(error_summary(str(r.get("last_error") or ""))), wide=True),
 ]

@@ -50,6 +50,7 @@ class Context:
         children: Sequence[Resource] = (),
         reconcile_every: timedelta | float | None = None,
         on_drift: DriftPolicy = "heal",
+        protect: bool = False,
     ) -> Resource:
         """Declare a record of ``kind``; returns at once while it converges.
 
@@ -61,6 +62,11 @@ class Context:
         Once ready, the object is observed every ``reconcile_every`` (default: its kind's
         interval); a difference from the spec is healed (re-converged, the default) or, with
         ``on_drift="report"``, only recorded (the record turns ``drifted``).
+
+        ``protect=True`` protects the record: a deletion that reaches it (this run's end, its
+        owner's deletion, a TTL, an explicit delete) stops there; it and what it owns stay until
+        someone unprotects it (``graphenectl unprotect``), and then the deletion finishes.
+        Declaring it again without ``protect`` leaves the protection as it is.
         """
         if on_drift not in ("heal", "report"):
             raise ValueError(f"on_drift must be 'heal' or 'report', not {on_drift!r}")
@@ -72,6 +78,8 @@ class Context:
             raise TypeError("parent must be a Resource declared by this run (an Attached handle cannot own)")
         if any(not isinstance(c, Resource) for c in children):
             raise TypeError("children must be Resources declared by this run (an Attached handle cannot be owned)")
+        if not isinstance(protect, bool):
+            raise TypeError(f"protect must be True or False, not {protect!r}")
         record_id = self._runtime.declare(
             kind,
             name,
@@ -80,6 +88,7 @@ class Context:
             parent.id if parent is not None else None,
             [c.id for c in children],
             drift,
+            **({"protect": True} if protect else {}),  # only when asked: runtimes that predate it work
         )
         return Resource(self._runtime, record_id, kind, name)
 

@@ -60,6 +60,9 @@ class RecordInfo:
     updated_at: datetime | None
     owner_chain: tuple[OwnerRef, ...] = ()
     children: dict[str, int] = field(default_factory=dict)
+    # Protected: a deletion stops here until it is unprotected; by whom (``user:alice``).
+    protected: bool = False
+    protected_by: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -86,6 +89,8 @@ class RecordInfo:
                 for o in data.get("owner_chain") or []
             ),
             children={str(k): int(v) for k, v in _dict(data.get("children")).items()},
+            protected=bool(data.get("protected")),
+            protected_by=str(data.get("protected_by") or ""),
             raw=data,
         )
 

@@ -35,6 +35,7 @@ class Runtime(Protocol):
         parent: str | None,
         children: Sequence[str],
         drift: Mapping[str, Any] | None = None,
+        protect: bool = False,
     ) -> str: ...
 
     def attach(self, record_id: str) -> tuple[str, str]: ...

@@ -228,6 +228,8 @@ def _routes(p: Place) -> list[tuple[str, str, Any]]:
         ("POST", f"/api/v1/records/{p.held.pk}/transfer/", {"to": str(p.stand.pk)}),
         ("POST", f"/api/v1/records/{p.held.pk}/extend/", {"by_seconds": 60}),
         ("POST", f"/api/v1/records/{p.held.pk}/release/", None),
+        ("POST", f"/api/v1/records/{p.held.pk}/protect/", None),
+        ("POST", f"/api/v1/records/{p.held.pk}/unprotect/", None),
         ("GET", "/api/v1/orphans/", None),
         ("POST", "/api/v1/orphans/sweep/?dry_run=true", None),
         ("GET", "/api/v1/pipelines/", None),

@@ -264,6 +264,8 @@ DOORS = [
         path_ids=("record",),
     ),
     Door("record release", "POST", "/api/v1/records/{record}/release/", None, path_ids=("record",)),
+    Door("record protect", "POST", "/api/v1/records/{record}/protect/", None, path_ids=("record",)),
+    Door("record unprotect", "POST", "/api/v1/records/{record}/unprotect/", None, path_ids=("record",)),
     Door(
         "record delete",
         "DELETE",
@@ -759,6 +761,8 @@ def test_the_doors_are_every_write_endpoint_of_the_urlconf() -> None:
         ("POST", "RecordViewSet.transfer"),
         ("POST", "RecordViewSet.extend"),
         ("POST", "RecordViewSet.release"),
+        ("POST", "RecordViewSet.protect"),
+        ("POST", "RecordViewSet.unprotect"),
         ("DELETE", "RecordViewSet.destroy"),
         ("POST", "RunViewSet.cancel"),
         ("POST", "RunViewSet.resume"),

@@ -382,6 +382,24 @@ def drift_options(ctx: Context, inputs: DriftInputs) -> None:
     config.ready()
 
 
+class ProtectInputs(BaseModel):
+    hold_seconds: float = Field(default=600, ge=0)
+
+
+@pipeline("sample.protect", inputs=ProtectInputs)
+def protected_env(ctx: Context, inputs: ProtectInputs) -> None:
+    """An environment whose database is declared protected (with a volume of its own), beside
+    a cache and a web server; holds it until cancelled. Once the flag file ``unprotect`` exists
+    the program declares the database without protection, as if its code changed."""
+    env = ctx.declare("test.sleep", "env")
+    db = ctx.declare("test.sleep", "db", parent=env, protect=not effects_file(ctx.run_id, "unprotect").exists())
+    ctx.declare("test.sleep", "volume", parent=db)
+    ctx.declare("test.sleep", "cache", parent=env)
+    ctx.declare("test.sleep", "web")
+    db.ready()
+    ctx.sleep(inputs.hold_seconds)
+
+
 class FileInputs(BaseModel):
     folder: str
 

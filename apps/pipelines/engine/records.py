@@ -34,10 +34,13 @@ class RecordCalls(ExecutionState):
         parent: str | None,
         children: Sequence[str] = (),
         drift: Mapping[str, Any] | None = None,
+        protect: bool = False,
     ) -> str:
         call = f"declare {kind}/{name}" + (f" under {parent}" if parent else "")
         if children:
             call += f" owning {','.join(children)}"
+        if protect:  # part of the call: a replay that no longer protects it does not match (I5)
+            call += " protected"
         entry = self.journal.next(call)
         if entry is not None:
             if entry.status == EntryStatus.FAILED:
@@ -55,6 +58,7 @@ class RecordCalls(ExecutionState):
                 labels=dict(labels),
                 drift_policy=(drift or {}).get("on_drift", "heal"),
                 observe_every=(drift or {}).get("reconcile_every"),
+                protect=protect,
             )
             for child in owned:
                 records.record_transfer(record=child, new_owner=record, given_by=child.parent)

@@ -40,6 +40,9 @@ class RecordOutput(serializers.ModelSerializer):
             "observed_at",
             "next_observe_at",
             "heals",
+            "protected",
+            "protected_by",
+            "protected_at",
             "created_by_run",
             "created_at",
             "updated_at",
@@ -56,13 +59,20 @@ class OwnerRef(serializers.Serializer):
 class RecordDetailOutput(RecordOutput):
     owner_chain = serializers.SerializerMethodField()
     children = serializers.SerializerMethodField()
+    deletion_blocked_by = serializers.SerializerMethodField(
+        help_text="protected records (it, or ones it owns) that its requested deletion waits on"
+    )
 
     class Meta(RecordOutput.Meta):
-        fields = [*RecordOutput.Meta.fields, "moved_from", "owner_chain", "children"]
+        fields = [*RecordOutput.Meta.fields, "moved_from", "owner_chain", "children", "deletion_blocked_by"]
         read_only_fields = fields
 
     def get_owner_chain(self, obj: Record) -> list[dict[str, Any]]:
         return [{"id": str(r.pk), "kind": r.kind, "name": r.name} for r in self.context["owner_chain"]]
+
+    @extend_schema_field(OwnerRef(many=True))
+    def get_deletion_blocked_by(self, obj: Record) -> list[dict[str, Any]]:
+        return [{"id": str(r.pk), "kind": r.kind, "name": r.name} for r in self.context.get("blocked_by", [])]
 
     def get_children(self, obj: Record) -> dict[str, int]:
         counts: dict[str, int] = self.context["children"]
@@ -156,6 +166,7 @@ class TreeNode(serializers.Serializer):
     name = serializers.CharField()
     phase = serializers.ChoiceField(choices=Phase.choices)
     expires_at = serializers.DateTimeField(allow_null=True)
+    protected = serializers.BooleanField(help_text="a deletion stops here until it is unprotected")
     children = serializers.ListField(child=serializers.DictField())
     truncated = serializers.BooleanField(help_text="deeper descendants exist beyond the requested depth")
 

@@ -89,6 +89,7 @@ def _detail(record: Record) -> dict[str, Any]:
     context = {
         "owner_chain": selectors.record_owner_chain(record=record),
         "children": selectors.record_children_counts(record=record),
+        "blocked_by": selectors.record_deletion_blockers(record=record),
     }
     return dict(RecordDetailOutput(record, context=context).data)
 
@@ -115,7 +116,8 @@ LIST_PARAMS = [
 
 
 class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
-    """Records: list with selectors, get, tree, events, apply, delete, transfer, extend."""
+    """Records: list with selectors, get, tree, events, apply, delete, transfer, extend,
+    release, protect, unprotect."""
 
     path_ids = {"pk": "record"}
     serializer_class = RecordOutput
@@ -134,6 +136,8 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         "transfer": "update",
         "extend": "update",
         "release": "update",
+        "protect": "update",
+        "unprotect": "update",
     }
 
     @extend_schema(parameters=LIST_PARAMS, responses=RecordOutput(many=True))
@@ -223,12 +227,14 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         responses={200: RecordDetailOutput, 202: RecordDetailOutput},
     )
     def destroy(self, request: Request, pk: str) -> Response:
-        """Delete the record and its subtree, children first. 202 while in progress, 200 when gone."""
+        """Delete the record and its subtree, children first. 202 while in progress, 200 when gone.
+        A deletion that stops at a protected record answers 202 at once, naming it in
+        ``deletion_blocked_by``: waiting would not see it end."""
         record = selectors.record_get(user=request.user, record_id=pk)
         wait = bool_param(request.query_params, "wait")
         timeout = int_param(request.query_params, "timeout", 60, 1, MAX_WAIT_SECONDS)  # refused before acting
         record = services.record_delete_request(record=record, actor=request.user)
-        if wait:
+        if wait and not selectors.record_deletion_blockers(record=record, limit=1):
             deadline = time.monotonic() + timeout
             while record.phase != Phase.DELETED and time.monotonic() < deadline:
                 release_pooled_connection()  # the web's pool is bounded: hold none while asleep
@@ -255,6 +261,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
                 "name": node.name,
                 "phase": node.phase,
                 "expires_at": node.expires_at.isoformat() if node.expires_at else None,
+                "protected": node.protected,
                 "children": [],
                 "truncated": node.level == record.level + depth and not node.is_leaf_node(),
             }
@@ -364,6 +371,21 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         """Remove the record's TTL."""
         record = selectors.record_get(user=request.user, record_id=pk)
         return Response(_detail(services.record_release(record=record, actor=request.user)))
+
+    @extend_schema(request=None, responses=RecordDetailOutput)
+    @action(detail=True, methods=["post"])
+    def protect(self, request: Request, pk: str) -> Response:
+        """Protect the record: a deletion that reaches it (its own, an owner's, a TTL's, its
+        run's end) stops there until it is unprotected. 409 for a record deleted or being deleted."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        return Response(_detail(services.record_protect(record=record, actor=request.user)))
+
+    @extend_schema(request=None, responses=RecordDetailOutput)
+    @action(detail=True, methods=["post"])
+    def unprotect(self, request: Request, pk: str) -> Response:
+        """Remove the protection; a deletion that waited on it goes on, children first."""
+        record = selectors.record_get(user=request.user, record_id=pk)
+        return Response(_detail(services.record_unprotect(record=record, actor=request.user)))
 
 
 class KindViewSet(viewsets.ViewSet):

@@ -7,6 +7,7 @@ TTL, transfer, drift, purge and the orphan sweep, one module each:
 * ``converge``: adopt-or-create, retries, moves;
 * ``delete``: cascade deletion, children first;
 * ``ownership``: TTLs and transfers;
+* ``protect``: protected records, where deletion stops until they are unprotected;
 * ``drift``: observation, heal or report;
 * ``housekeeping``: the reconciler, the tombstone purge, the orphan sweeper.
 
@@ -68,6 +69,10 @@ from apps.records.services.ownership import (
     record_transfer,
     records_expire,
 )
+from apps.records.services.protect import (
+    record_protect,
+    record_unprotect,
+)
 from apps.records.services.transitions import (
     Actor,
     IllegalTransition,
@@ -100,10 +105,12 @@ __all__ = [
     "record_ensure_root",
     "record_event_write",
     "record_extend",
+    "record_protect",
     "record_release",
     "record_set_expiry",
     "record_transfer",
     "record_transition",
+    "record_unprotect",
     "record_wake",
     "records_expire",
     "records_group",

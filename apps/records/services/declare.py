@@ -18,6 +18,7 @@ from apps.core.errors import Conflict, ValidationFailed
 from apps.records.choices import ROOT_KINDS, DriftPolicy, EventType, Phase
 from apps.records.models import Event, Record
 from apps.records.services.placement import _moved_from, _place
+from apps.records.services.protect import protected_by, protected_declare, protected_event
 from apps.records.services.transitions import (
     Actor,
     _audit,
@@ -144,6 +145,7 @@ def record_declare(
     expires_at: datetime | None = None,
     drift_policy: str = DriftPolicy.HEAL,
     observe_every: float | None = None,
+    protect: bool = False,
     actor: Actor = None,
 ) -> Record:
     """Declare a record under ``owner``: committed in ``pending``, convergence enqueued on commit.
@@ -151,7 +153,8 @@ def record_declare(
     Re-declaring the same (owner, kind, name) with the same spec returns the existing record;
     with a different spec it becomes the next generation and re-converges. ``drift_policy``
     (heal or report) and ``observe_every`` (seconds; default: the kind's drift interval) say
-    how the drift scheduler treats it once ready.
+    how the drift scheduler treats it once ready. ``protect`` protects it (``services.protect``);
+    a re-declaration without it leaves a protection as it is (only an unprotect removes one).
     """
     kind_obj = kind_resolve(kind)
     if kind in ROOT_KINDS:
@@ -176,7 +179,14 @@ def record_declare(
         _owner_check_alive(owner)
         existing = Record.objects.filter(parent=owner, kind=kind, name=name).exclude(phase=Phase.DELETED).first()
         if existing is not None:
-            return _redeclare(existing, spec=spec, labels=labels, drift=drift, actor=actor)
+            record = _redeclare(existing, spec=spec, labels=labels, drift=drift, actor=actor)
+            if protect and not record.protected:
+                record = Record.objects.select_for_update(no_key=True).get(pk=record.pk)
+                before = _audited(record)
+                protected_declare(record, actor=actor)
+                _audit("record.protect", record, actor=actor, before=before, after=_audited(record))
+                _notify([record])
+            return record
         now = timezone.now()
         record = Record(
             kind=kind,
@@ -189,6 +199,9 @@ def record_declare(
             expires_at=expires_at,
             phase=Phase.PENDING,
             next_attempt_at=now + _lease(),
+            protected=protect,
+            protected_by=protected_by(actor) if protect else "",
+            protected_at=now if protect else None,
             **drift,
         )
         record.save(force_insert=True)  # mptt places it as the owner's last child
@@ -197,11 +210,13 @@ def record_declare(
                 record.pk,
                 EventType.DECLARED,
                 reason="Declared",
-                data={"owner": str(owner.pk), "generation": 1},
+                data={"owner": str(owner.pk), "generation": 1, **({"protected": True} if protect else {})},
                 actor=actor,
                 at=now,
             )
         )
+        if protect:
+            protected_event(record, actor=actor, declared=True)
         _audit("record.create", record, actor=actor, before=None, after=_audited(record), owner=owner.pk)
         _notify([record])
         _enqueue_converge_on_commit(record.pk)

@@ -18,6 +18,7 @@ from apps.core.db import closes_connections
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from apps.records.services.placement import _left_behind
+from apps.records.services.protect import deletion_blocked_tell, deletion_hold
 from apps.records.services.transitions import (
     _CREATE_IN_FLIGHT,
     Actor,
@@ -26,6 +27,7 @@ from apps.records.services.transitions import (
     _enqueue_deletions_on_commit,
     _error_text,
     _event_kwargs,
+    _held,
     _lease,
     _live_children,
     _lock_rows,
@@ -41,7 +43,11 @@ from kinds import NotYet, get_kind
 def record_delete_request(
     *, record: Record, actor: Actor = None, reason: str = "DeleteRequested", message: str = ""
 ) -> Record:
-    """Request deletion of ``record`` and its whole subtree, children first (I3)."""
+    """Request deletion of ``record`` and its whole subtree, children first (I3).
+
+    A protected record in the subtree (or ``record`` itself) stops the deletion there: it and
+    what it owns stay, its owners up to ``record`` wait (``services.protect``); the rest goes.
+    """
     access.require_actor(actor, "delete", "records", record.namespace)
     with transaction.atomic():
         _lock_tree(record.tree_id)
@@ -68,12 +74,11 @@ def record_delete_request(
                 at=now,
             )
         )
-        frontier = (
-            subtree.exclude(phase__in=[Phase.DELETING, Phase.DELETE_FAILED])
-            .filter(~_live_children())
-            .values_list("pk", "parent_id")
-        )
-        _enqueue_deletions_on_commit(list(frontier))
+        frontier = subtree.exclude(phase__in=[Phase.DELETING, Phase.DELETE_FAILED]).filter(~_live_children())
+        if deletion_hold(subtree):
+            frontier = frontier.filter(~_held())
+            deletion_blocked_tell(tree_id=record.tree_id, lft=record.lft, rght=record.rght)
+        _enqueue_deletions_on_commit(list(frontier.values_list("pk", "parent_id")))
         _notify([record])
         record.deletion_requested_at = record.deletion_requested_at or now
     return record
@@ -145,6 +150,7 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
             Record.objects.select_for_update(no_key=True)
             .filter(pk__in=list(record_ids), deletion_requested_at__isnull=False)
             .exclude(phase=Phase.DELETED)
+            .annotate(is_held=_held())
             .order_by("pk")
         )
         busy = set(
@@ -152,7 +158,12 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
             .exclude(phase=Phase.DELETED)
             .values_list("parent_id", flat=True)
         )
-        claim = [r for r in rows if r.pk not in busy]
+        # A protected record holds these (a message sent before it was held, a reconciler's
+        # look): they wait, without a lease, until it is unprotected.
+        held = [r.pk for r in rows if r.is_held and r.phase not in (Phase.DELETING, Phase.DELETE_FAILED)]
+        if held:
+            Record.objects.filter(pk__in=held).update(next_attempt_at=None)
+        claim = [r for r in rows if r.pk not in busy and r.pk not in held]
         if not claim:
             if rows:
                 return []  # children still live: the task deleting the last of them goes on
@@ -225,12 +236,13 @@ def _error_or_none(error: BaseException | None) -> str | None:
 
 
 def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
-    """Parents being deleted whose children are all gone: one batch to go on with; any more
-    are enqueued (on commit) for other workers."""
+    """Parents being deleted whose children are all gone, and that no protected record holds:
+    one batch to go on with; any more are enqueued (on commit) for other workers."""
     ready = list(
         Record.objects.filter(pk__in=list(parent_ids), deletion_requested_at__isnull=False)
         .exclude(phase__in=[Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED])
         .filter(~_live_children())
+        .filter(~_held())
         .order_by("parent_id", "pk")
         .values_list("pk", "parent_id")
     )

@@ -19,6 +19,7 @@ from apps.records.services.transitions import (
     _enqueue_converge_on_commit,
     _error_text,
     _event_kwargs,
+    _held,
     _is_uuid,
     _lease,
     _live_children,
@@ -35,7 +36,7 @@ def records_reconcile(*, now: datetime | None = None, limit: int = 500) -> int:
         due = list(
             Record.objects.select_for_update(skip_locked=True, no_key=True)
             .filter(next_attempt_at__lte=now)
-            .annotate(has_live_children=_live_children())
+            .annotate(has_live_children=_live_children(), is_held=_held())
             .order_by("next_attempt_at")[:limit]
         )
         if not due:
@@ -52,7 +53,9 @@ def records_reconcile(*, now: datetime | None = None, limit: int = 500) -> int:
             if record.phase == Phase.DELETED:
                 idle.append(record.pk)
             elif record.deletion_requested_at is not None:
-                if not record.has_live_children:
+                if record.is_held and record.phase not in (Phase.DELETING, Phase.DELETE_FAILED):
+                    idle.append(record.pk)  # a protected record holds it: nothing to do until unprotected
+                elif not record.has_live_children:
                     delete.append(str(record.pk))
             elif record.phase in _CONVERGIBLE:
                 converge.append(record.pk)

@@ -214,6 +214,7 @@ def _audited(record: Record) -> dict[str, Any]:
         "drift_policy": record.drift_policy,
         "observe_every": record.observe_every,
         "deletion_requested_at": record.deletion_requested_at,
+        "protected": record.protected,
     }
 
 
@@ -263,6 +264,37 @@ def _error_text(exc: BaseException) -> str:
 
 def _live_children() -> Exists:
     return Exists(Record.objects.filter(parent=OuterRef("pk")).exclude(phase=Phase.DELETED))
+
+
+def _held() -> Exists:
+    """Whether a protected record holds the row back from deletion: a protected record at or
+    above it in its tree whose deletion was requested no later than the row's (the row's own
+    deletion came through it). A deletion requested of the row earlier, on its own, goes on:
+    protecting an owner does not stop what was already being deleted below it."""
+    return Exists(
+        Record.objects.filter(
+            protected=True,
+            tree_id=OuterRef("tree_id"),
+            lft__lte=OuterRef("lft"),
+            rght__gte=OuterRef("rght"),
+            deletion_requested_at__isnull=False,
+            deletion_requested_at__lte=OuterRef("deletion_requested_at"),
+        )
+    )
+
+
+def _blocked() -> Exists:
+    """Whether the row owns (directly or below) a protected record whose deletion was requested:
+    children go first, so the row's own deletion waits until that one is unprotected."""
+    return Exists(
+        Record.objects.filter(
+            protected=True,
+            tree_id=OuterRef("tree_id"),
+            lft__gt=OuterRef("lft"),
+            rght__lt=OuterRef("rght"),
+            deletion_requested_at__isnull=False,
+        )
+    )
 
 
 def _enqueue_deletions_on_commit(rows: Iterable[tuple[Any, Any]]) -> None:

@@ -1,6 +1,6 @@
 """Records: the list (the trees, newest roots first, or the records a filter finds) and a
 record's inspector with its five views as tabs (state, events, logs, metrics, traces); delete
-its subtree, extend or release its TTL, hand it to a stand. ``RecordAdmin`` serves these pages
+its subtree, extend or release its TTL, protect or unprotect it, hand it to a stand. ``RecordAdmin`` serves these pages
 in place of the stock admin's change list and change form."""
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ def record_detail(request: HttpRequest, *, site: AdminSite, record_id: Any) -> H
         "extend_choices": [label for label, _ in EXTEND_CHOICES],
         "may_hand_over": live and not record.is_root,
         "is_agent": record.kind == "agent",
+        "blocked_by": selectors.record_deletion_blockers(record=record),
         "can_open_terminal": access.may(request.user, "open_terminal", "agents", record.namespace),
     }
     if context["may_hand_over"]:
@@ -300,22 +301,44 @@ def record_delete(request: HttpRequest, *, site: AdminSite, record_id: Any) -> H
             for item in selectors.record_subtree_live(record=record, limit=DELETE_PREVIEW)
         ],
         "root_run": _run_of(record),
+        "protected": selectors.record_subtree_protected(record=record),
     }
     return render(request, site, "studio/record_delete.html", context, title=f"Delete {record}?")
 
 
 def record_act(request: HttpRequest, *, site: AdminSite, record_id: Any) -> HttpResponse:
-    """Extend or release the TTL, or hand the record to a stand: the services the API's
-    ``records/{id}/extend|release|transfer`` call, after the same check."""
+    """Extend or release the TTL, protect or unprotect the record, or hand it to a stand: the
+    services the API's ``records/{id}/extend|release|protect|unprotect|transfer`` call, after
+    the same check."""
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     record = _record(request, record_id)
     what = request.POST.get("do", "")
     try:
-        record = _hand_over(request, record) if what == "stand" else extend_or_release(request, record, what)
+        if what == "stand":
+            record = _hand_over(request, record)
+        elif what in ("protect", "unprotect"):
+            record = _protection(request, record, what)
+        else:
+            record = extend_or_release(request, record, what)
     except GrapheneError as exc:
         messages.error(request, exc.detail)
     return _back(site, record)
+
+
+def _protection(request: HttpRequest, record: Record, what: str) -> Record:
+    """Protect or unprotect the record (``graphenectl protect|unprotect``); the outcome is the
+    page's message."""
+    if what == "protect":
+        record = services.record_protect(record=record, actor=request.user)
+        messages.success(request, f"Protected: a deletion that reaches {record} stops there until it is unprotected.")
+        return record
+    record = services.record_unprotect(record=record, actor=request.user)
+    if record.deletion_requested_at is not None:
+        messages.success(request, f"Unprotected: the deletion that waited on {record} goes on, children first.")
+    else:
+        messages.success(request, f"Unprotected: {record} is deleted with its owner, like any record.")
+    return record
 
 
 def _hand_over(request: HttpRequest, record: Record) -> Record:

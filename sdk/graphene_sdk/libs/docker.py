@@ -25,6 +25,10 @@ with backoff until it is (or until the record's create attempts are used up; cal
 before its network, declare it with ``parent=net``: owners are deleted after what they own;
 otherwise the network's delete is retried while the container still uses it.
 
+**Keeping one.** ``protect=True`` (networks, volumes, containers, images) declares the record
+protected: a deletion that reaches it stops there until it is unprotected (a volume of data
+that must survive its run, say); see ``ctx.declare``.
+
 **On an agent's machine.** ``on=agent`` (a ``ctx.agent``/``ctx.agent_via_ssh`` handle, or
 ``ctx.attach_agent``'s) puts the object in the Docker engine of that agent's machine, reached
 through the agent's connection (``DOCKER_HOST`` there, else ``/var/run/docker.sock``); the
@@ -134,6 +138,7 @@ def _declare(
     reconcile_every: Seconds | None,
     on_drift: OnDrift | None,
     on: On = "server",
+    protect: bool = False,
 ) -> Resource:
     if isinstance(on, Agent | AttachedAgent):
         spec["agent"] = on.id
@@ -148,6 +153,8 @@ def _declare(
         options["reconcile_every"] = reconcile_every
     if on_drift is not None:
         options["on_drift"] = on_drift
+    if protect:  # a deletion stops at it (docs/records.md, "Protected records")
+        options["protect"] = True
     return ctx.declare(kind, name, spec, parent=parent, **options)
 
 
@@ -222,6 +229,7 @@ def network(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    protect: bool = False,
     on: On = "server",
 ) -> Resource:
     """A Docker network (``docker.network``). Containers on it reach each other by record name."""
@@ -230,7 +238,7 @@ def network(
         spec["subnet"] = subnet
     if options:
         spec["options"] = dict(options)
-    return _declare(ctx, "docker.network", name, spec, parent, reconcile_every, on_drift, on)
+    return _declare(ctx, "docker.network", name, spec, parent, reconcile_every, on_drift, on, protect)
 
 
 def volume(
@@ -242,13 +250,14 @@ def volume(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    protect: bool = False,
     on: On = "server",
 ) -> Resource:
     """A named Docker volume (``docker.volume``), deleted with its record."""
     spec: dict[str, Any] = {"driver": driver}
     if options:
         spec["options"] = dict(options)
-    return _declare(ctx, "docker.volume", name, spec, parent, reconcile_every, on_drift, on)
+    return _declare(ctx, "docker.volume", name, spec, parent, reconcile_every, on_drift, on, protect)
 
 
 def container(
@@ -273,6 +282,7 @@ def container(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    protect: bool = False,
     on: On = "server",
 ) -> Resource:
     """A long-running container (``docker.container``), ready once ``ready_when`` holds.
@@ -312,7 +322,7 @@ def container(
         )
     spec["ready_timeout_s"] = _seconds(ready_timeout, "ready_timeout")
     spec["restart"] = restart
-    return _declare(ctx, "docker.container", name, spec, parent, reconcile_every, on_drift, on)
+    return _declare(ctx, "docker.container", name, spec, parent, reconcile_every, on_drift, on, protect)
 
 
 def image_import(
@@ -324,6 +334,7 @@ def image_import(
     parent: Resource | None = None,
     reconcile_every: Seconds | None = None,
     on_drift: OnDrift | None = None,
+    protect: bool = False,
     on: On = "server",
 ) -> Resource:
     """An image imported from a root file system tar on the Graphene server (``docker import``).
@@ -337,7 +348,7 @@ def image_import(
     spec: dict[str, Any] = {"rootfs_tar": rootfs_tar}
     if changes:
         spec["changes"] = [str(change) for change in changes]
-    return _declare(ctx, "docker.image", name, spec, parent, reconcile_every, on_drift, on)
+    return _declare(ctx, "docker.image", name, spec, parent, reconcile_every, on_drift, on, protect)
 
 
 def job(

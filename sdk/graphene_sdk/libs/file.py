@@ -5,6 +5,8 @@ relative to it) or, with ``on=agent``, on that agent's machine (``path`` is abso
 the agent writes it). It is marked with its record id, written when the record converges,
 removed when it is deleted, and observed every minute (or ``reconcile_every``): changed
 content or mode is drift, healed by rewriting it or, with ``on_drift="report"``, reported.
+``protect=True`` declares it protected: a deletion that reaches it stops there until it is
+unprotected (see ``ctx.declare``).
 ``content`` may be text, UTF-8 bytes or ``ctx.secret(name)``: then the record holds only the
 secret's name and the server reads the value when it writes the file (outputs carry a
 digest, never the content). An artifact (``ctx.publish_artifact`` / ``attach_artifact``) is
@@ -42,6 +44,7 @@ def file(
     parent: Resource | None = None,
     reconcile_every: timedelta | float | None = None,
     on_drift: Literal["heal", "report"] = "heal",
+    protect: bool = False,
 ) -> Resource:
     """Declare a file at ``path`` with ``content`` and ``mode`` on the server or on the
     machine of agent ``on``; ``ready()`` returns ``{"path", "digest", "size", "mode"}``."""
@@ -63,4 +66,5 @@ def file(
         spec["agent"] = on.id
         if isinstance(on, Agent) and parent is None:
             parent = on  # removed before the agent goes (an attached agent is not this run's)
-    return ctx.declare("file", name, spec, parent=parent, reconcile_every=reconcile_every, on_drift=on_drift)
+    options: dict[str, Any] = {"protect": True} if protect else {}  # a deletion stops at it
+    return ctx.declare("file", name, spec, parent=parent, reconcile_every=reconcile_every, on_drift=on_drift, **options)

@@ -80,6 +80,7 @@ def checkout(
     parent: Resource | None = None,
     reconcile_every: timedelta | float | None = None,
     on_drift: DriftPolicy | None = None,
+    protect: bool = False,
 ) -> Resource:
     """Declare a working tree of ``repository`` at ``ref`` on the Graphene server or, with
     ``on=agent``, on that agent's machine.
@@ -98,7 +99,8 @@ def checkout(
     ``reconcile_every``): a HEAD other than ``commit`` or changed tracked files are drift,
     healed by checking ``commit`` out again (a branch that moved upstream is not drift; a new
     spec moves the checkout) — pass ``on_drift="report"`` for a checkout your steps modify or
-    commit to.
+    commit to. ``protect=True`` declares it protected: a deletion that reaches it stops there
+    until it is unprotected (see ``ctx.declare``).
     """
     _check_repository(repository)
     if not isinstance(on, Agent | AttachedAgent) and on != SERVER:
@@ -133,6 +135,8 @@ def checkout(
         options["reconcile_every"] = reconcile_every
     if on_drift is not None:
         options["on_drift"] = on_drift
+    if protect:  # a deletion stops at it (docs/records.md, "Protected records")
+        options["protect"] = True
     return ctx.declare(KIND, name, spec, parent=parent, **options)
 
 

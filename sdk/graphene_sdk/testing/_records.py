@@ -123,14 +123,43 @@ class RecordRules:
         record.position = next(self._positions)  # arrives as its new owner's last record
         record.expires_at = expires_at
 
-    def _delete(self, record: Record, reason: str) -> None:
-        """Delete ``record``'s subtree: children before parents (newest sibling first)."""
+    def _delete(self, record: Record, reason: str) -> bool:
+        """Delete ``record``'s subtree: children before parents (newest sibling first).
+
+        A protected record stops it: it and what it owns stay, and so do its owners (their
+        ``deletion_waiting`` says why) until it is unprotected. Returns whether ``record`` went.
+        """
+        if record.protected:
+            self._hold(record, reason)
+            return False
+        gone = True
         for child in reversed(self._owned_by(f"record:{record.id}")):
-            self._delete(child, reason)
+            gone = self._delete(child, reason) and gone
+        if not gone:
+            record.deletion_waiting = record.deletion_waiting or reason
+            return False
         record.phase = "deleted"
         record.deleted_at = self._now
         record.deletion_reason = reason
+        record.deletion_waiting = ""
         self._deletions.append(record)
+        return True
+
+    def _hold(self, record: Record, reason: str) -> None:
+        """A deletion reached the protected ``record``: it and its subtree wait, as they are."""
+        record.deletion_waiting = record.deletion_waiting or reason
+        for child in self._owned_by(f"record:{record.id}"):
+            self._hold(child, reason)
+
+    def _unprotect(self, record: Record) -> None:
+        """Remove the protection; a deletion that waited on it goes on, up its owners."""
+        record.protected = False
+        waiting: Record | None = record
+        while waiting is not None and waiting.deletion_waiting:
+            if not self._delete(waiting, waiting.deletion_waiting):
+                return  # another protected record holds it
+            owner = waiting.owner
+            waiting = self._records[owner.removeprefix("record:")] if owner.startswith("record:") else None
 
     def _converge(self, record: Record) -> None:
         behaviour = self._kinds.get(record.kind, KindBehaviour())
@@ -161,6 +190,7 @@ class RecordRules:
         labels: Mapping[str, str],
         parent: str | None,
         children: Sequence[str],
+        protect: bool = False,
     ) -> str:
         label = f"{kind}/{name}"
         if kind in _ROOT_KINDS:
@@ -179,8 +209,14 @@ class RecordRules:
         owner_record = None
         if parent is not None:
             owner_record = self._run_owned(label, "parent", parent, root, deleted="; it cannot own new records")
+        if owner_record is not None and owner_record.deletion_waiting:
+            raise _refused(
+                label, f"parent {owner_record.label} ({owner_record.id}) is being deleted; it cannot own new records"
+            )
         owner = root if owner_record is None else f"record:{owner_record.id}"
         record = self._clash(owner, kind, name)
+        if protect and record is not None and record.deletion_waiting:
+            raise _refused(label, "it is being deleted; protection keeps a deletion from starting, not one under way")
         given = self._check_children(label, root, owner_record, children)
         if record is not None:  # re-declaring: the same record, a new generation if the spec changed
             for child in given:  # (checked first: a refused declaration changes nothing)
@@ -199,6 +235,7 @@ class RecordRules:
         for child in given:
             if child.owner != f"record:{record.id}":
                 self._move(child, f"record:{record.id}", expires_at=child.expires_at)
+        record.protected = record.protected or protect  # a declaration only adds protection
         return record.id
 
     def _check_children(self, label: str, root: str, parent: Record | None, children: Sequence[str]) -> list[Record]:

@@ -43,6 +43,10 @@ class Record:
     deleted_at: datetime | None = None
     deletion_reason: str = ""
     position: int = 0  # order among its owner's records: declaration, or arrival by transfer
+    protected: bool = False  # a deletion stops here (``protect=True``, ``World.protect``)
+    # The reason of a deletion that reached this record and waits: it is protected, a protected
+    # record owns it, or it owns one (children go first). Empty when no deletion waits here.
+    deletion_waiting: str = ""
 
     @property
     def label(self) -> str:

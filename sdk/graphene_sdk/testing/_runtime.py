@@ -67,9 +67,10 @@ class WorldRuntime:
         parent: str | None,
         children: Sequence[str],
         drift: Mapping[str, Any] | None = None,
+        protect: bool = False,
     ) -> str:
         self._check()
-        return self._world._declare(self._run, kind, name, spec, labels, parent, children)
+        return self._world._declare(self._run, kind, name, spec, labels, parent, children, protect)
 
     def attach(self, record_id: str) -> tuple[str, str]:
         self._check()
@@ -83,6 +84,8 @@ class WorldRuntime:
         stand = f"stand:{self._pipeline.name}"
         if not record.alive:
             raise ResourceFailed(f"cannot hand {label} to the stand: it is deleted", record_id=record_id)
+        if record.deletion_waiting:
+            raise ResourceFailed(f"cannot hand {label} to the stand: it is being deleted", record_id=record_id)
         if keep_for is not None and keep_for <= 0:
             raise ValueError("keep_for must be positive")
         expires_at = world.now + timedelta(seconds=keep_for) if keep_for is not None else None
@@ -121,6 +124,9 @@ class WorldRuntime:
                     "(ctx.publish_capability) or declare the machine with World.add_agent(..., capabilities=...)"
                 )
                 return None, ResourceFailed(message, record_id=record_id, phase="creating")
+        if record.deletion_waiting:
+            message = f"{label} is being deleted ({record.deletion_waiting}; it waits on a protected record)"
+            return None, ResourceFailed(message, record_id=record_id, phase=record.phase)
         if record.phase == "ready":
             return to_json(record.outputs), None
         why = record.error if record.phase == "create_failed" else record.deletion_reason

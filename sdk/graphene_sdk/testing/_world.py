@@ -28,6 +28,11 @@ def _delta(value: timedelta | None, days: float, hours: float, minutes: float, s
     return (value or timedelta()) + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
 
+def _may_expire(record: Record) -> bool:
+    """Alive, and no deletion waits on it already (a protected record whose TTL ran out stays)."""
+    return record.alive and not record.deletion_waiting
+
+
 def _stand(pipeline: Pipeline[Any, Any] | str) -> str:
     """The owner key of the pipeline's stand."""
     return f"stand:{pipeline if isinstance(pipeline, str) else pipeline.name}"
@@ -117,16 +122,20 @@ class World(Machines):
             for record in [r for r in self._records.values() if r.phase in CONVERGING]:
                 if record.settles_at <= self._now:
                     self._converge(record)
-            due = [r for r in self._records.values() if r.alive and r.expires_at and r.expires_at <= self._now]
+            due = [
+                r
+                for r in self._records.values()
+                if _may_expire(r) and r.expires_at is not None and r.expires_at <= self._now
+            ]
             for record in sorted(due, key=lambda r: (r.expires_at, r.position)):
-                if record.alive:  # an earlier expiry may have taken it with its owner
+                if _may_expire(record):  # an earlier expiry may have taken it with its owner
                     self._delete(record, "Expired")
         self._now = max(self._now, target)
         return self._deletions[deleted:]
 
     def _next_event(self, target: datetime) -> datetime | None:
         moments = [r.settles_at for r in self._records.values() if r.phase in CONVERGING]
-        moments += [r.expires_at for r in self._records.values() if r.alive and r.expires_at is not None]
+        moments += [r.expires_at for r in self._records.values() if _may_expire(r) and r.expires_at is not None]
         due = [m for m in moments if m <= target]
         return min(due) if due else None
 
@@ -338,10 +347,27 @@ class World(Machines):
         return target
 
     def delete(self, record: HandleLike) -> list[Record]:
-        """Delete a record's subtree now; returns what was deleted, in order."""
+        """Delete a record's subtree now; returns what was deleted, in order. A protected
+        record stops it there (it, what it owns and its owners stay: ``deletion_waiting``)."""
         target = self._alive(self.get(record), "delete")
         before = len(self._deletions)
         self._delete(target, "DeletedByUser")
+        return self._deletions[before:]
+
+    def protect(self, record: HandleLike) -> Record:
+        """Protect a record, as ``POST .../protect/``: a deletion that reaches it stops there."""
+        target = self._alive(self.get(record), "protect")
+        if target.deletion_waiting:
+            raise ValueError(f"cannot protect {target.label} ({target.id}): it is being deleted")
+        target.protected = True
+        return target
+
+    def unprotect(self, record: HandleLike) -> list[Record]:
+        """Remove a record's protection, as ``POST .../unprotect/``; a deletion that waited on
+        it goes on. Returns what that deleted, in order (children before parents)."""
+        target = self._alive(self.get(record), "unprotect")
+        before = len(self._deletions)
+        self._unprotect(target)
         return self._deletions[before:]
 
     @staticmethod
@@ -356,11 +382,12 @@ class World(Machines):
         """Nothing is left that a finished run owns (directly or below its records).
 
         What a stand holds is not a leak: it was handed over on purpose and its TTL (if any)
-        will delete it. Records of runs still running are not checked.
+        will delete it; nor is what a protected record keeps (``deletion_waiting``: it, what it
+        owns and its owners wait for an unprotect). Records of runs still running are not checked.
         """
         leaks = []
         for record in self._records.values():
-            if not record.alive:
+            if not record.alive or record.deletion_waiting:
                 continue
             root = self._root(record)
             run = self._runs.get(root.removeprefix("run:")) if root.startswith("run:") else None
