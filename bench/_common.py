@@ -232,6 +232,8 @@ RECORD_COLUMNS = (
     "drift_policy",
     "heals",
     "healing",
+    "protected",
+    "protected_by",
 )
 
 
@@ -326,6 +328,8 @@ def copy_trees(
                             "heal",
                             0,
                             False,
+                            False,
+                            "",
                         )
                     )
                     rows += 1
