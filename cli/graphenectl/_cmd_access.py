@@ -14,6 +14,7 @@ from rich.text import Text
 
 from graphenectl import _config
 from graphenectl._errors import UsageError
+from graphenectl._listing import listed
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt, OutputOpt
 from graphenectl._output import Column, Format, TableWriter, emit, info, note, out
 from graphenectl._session import session
@@ -59,14 +60,6 @@ RESOURCES = (
 _WORD = re.compile(r"^(\*|[a-z][a-z_]*)$")
 
 
-def _limited(path: str, params: dict[str, Any], *, limit: int, plural: str) -> list[dict[str, Any]]:
-    """Every page (following ``next``) up to ``limit`` items, with a hint when more exist."""
-    items, more = session.client().list(path, params, limit=limit)
-    if more:
-        info(f"showing the first {len(items)} {plural}; more exist (--limit N shows more)")
-    return items
-
-
 def _first_line(text: Any, limit: int = 70) -> str:
     line = str(text or "").strip().splitlines()[0] if str(text or "").strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -101,7 +94,7 @@ def namespace_list(
     output: OutputOpt = Format.table,
 ) -> None:
     """The namespaces you hold a role binding in (every one with a binding in '*'), by name."""
-    items = _limited("namespaces/", {}, limit=limit, plural="namespaces")
+    items = listed("namespaces/", {}, limit=limit, plural="namespaces")
     if not items and output in (Format.table, Format.wide):
         info("no namespaces you hold a role binding in")
         return
@@ -223,7 +216,7 @@ def role_list(
     output: OutputOpt = Format.table,
 ) -> None:
     """The roles, built in and custom, by name (-o wide: their rules)."""
-    items = _limited("roles/", {}, limit=limit, plural="roles")
+    items = listed("roles/", {}, limit=limit, plural="roles")
     emit(items, output, columns=ROLE_COLUMNS, name_of=lambda r: f"role/{r['name']}")
 
 
@@ -361,7 +354,7 @@ def role_bindings(
     else:
         session.choose(namespace=namespace, all_namespaces=all_namespaces)
         params["namespace"] = session.list_namespace()
-    items = _limited("rolebindings/", params, limit=limit, plural="role bindings")
+    items = listed("rolebindings/", params, limit=limit, plural="role bindings")
     if not items and output in (Format.table, Format.wide):
         info("no role bindings found")
         return

@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from graphenectl._errors import UsageError
+from graphenectl._listing import namespaced
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt, OutputOpt
-from graphenectl._output import Column, Format, emit, info, note
-from graphenectl._resources import namespace_columns
+from graphenectl._output import Column, Format, emit, note
 from graphenectl._session import session
 from graphenectl._time import age
 
@@ -59,15 +59,16 @@ def secret_list(
     output: OutputOpt = Format.table,
 ) -> None:
     """The secrets' names (with who changed them when), never their values."""
-    session.choose(namespace=namespace, all_namespaces=all_namespaces)
-    chosen = session.list_namespace()
-    items, more = session.client().list("secrets/", {"namespace": chosen}, limit=limit)
-    if more:
-        info(f"showing the first {len(items)} secrets; more exist (--limit N shows more)")
-    if not items and output in (Format.table, Format.wide):
-        info("no secrets found" + (f" in namespace {chosen!r}" if chosen else ""))
-        return
-    emit(items, output, columns=namespace_columns(SECRET_COLUMNS, chosen), name_of=_name_of)
+    namespaced(
+        "secrets/",
+        plural="secrets",
+        columns=SECRET_COLUMNS,
+        name_of=_name_of,
+        namespace=namespace,
+        all_namespaces=all_namespaces,
+        limit=limit,
+        output=output,
+    )
 
 
 @secret_app.command("get")

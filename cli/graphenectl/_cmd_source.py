@@ -15,9 +15,9 @@ from graphene_sdk.validation import dns_label_problem
 from rich.text import Text
 
 from graphenectl._errors import EXIT_FAILURE, EXIT_USAGE, CliError, UsageError
+from graphenectl._listing import namespaced
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt, OutputOpt
 from graphenectl._output import Column, Format, emit, error_summary, info, note, out, write
-from graphenectl._resources import namespace_columns
 from graphenectl._session import session
 from graphenectl._time import age
 
@@ -159,15 +159,16 @@ def source_list(
     output: OutputOpt = Format.table,
 ) -> None:
     """The git sources: repository, ref, what was synced last and when, whether the last sync failed."""
-    session.choose(namespace=namespace, all_namespaces=all_namespaces)
-    chosen = session.list_namespace()
-    items, more = session.client().list("sources/", {"namespace": chosen}, limit=limit)
-    if more:
-        info(f"showing the first {len(items)} sources; more exist (--limit N shows more)")
-    if not items and output in (Format.table, Format.wide):
-        info("no sources found" + (f" in namespace {chosen!r}" if chosen else ""))
-        return
-    emit(items, output, columns=namespace_columns(SOURCE_COLUMNS, chosen), name_of=_name_of)
+    namespaced(
+        "sources/",
+        plural="sources",
+        columns=SOURCE_COLUMNS,
+        name_of=_name_of,
+        namespace=namespace,
+        all_namespaces=all_namespaces,
+        limit=limit,
+        output=output,
+    )
 
 
 @source_app.command("get")
