@@ -233,7 +233,12 @@ def test_code_that_cannot_be_a_revision_is_refused_with_the_reason_and_changes_n
         (elsewhere / "hold.py").read_text().replace(f'"{pipeline}"', f'"{pipeline}", namespace="team-b"')
     )
     _refused(api, elsewhere, "names namespace 'team-b'", "delivered to namespace 'default'")
-    slow = tree(tmp_path, pipeline, "I", extra={"more.py": "import time\ntime.sleep(30)\n"})
+    slow = tree(
+        tmp_path,
+        pipeline,
+        "I",
+        extra={"more.py": "import threading\nthreading.Event().wait()  # an import that never ends\n"},
+    )
     settings.GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS = 2
     _refused(api, slow, "longer than 2s")
     settings.GRAPHENE_REVISION_MAX_BYTES = 4096
