@@ -15,21 +15,10 @@ from rest_framework.response import Response
 from apps.api.pagination import ByName, Paged
 from apps.api.params import DoorChecks
 from apps.api.permissions import request_namespace
+from apps.api.strict import StrictInput
 from apps.core import access, rbac, selectors
 from apps.core.errors import ValidationFailed
 from apps.core.models import Namespace, Role, RoleBinding
-
-
-class _Strict(serializers.Serializer[Any]):
-    """Refuses fields it does not know (a misspelt option must not be dropped silently)."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
-            )
-        return attrs
 
 
 class NamespaceOutput(serializers.ModelSerializer[Namespace]):
@@ -43,7 +32,7 @@ class NamespaceOutput(serializers.ModelSerializer[Namespace]):
         read_only_fields = fields
 
 
-class NamespaceInput(_Strict):
+class NamespaceInput(StrictInput):
     name = serializers.CharField(max_length=63)
     description = serializers.CharField(max_length=400, required=False, default="", allow_blank=True)
 
@@ -62,7 +51,7 @@ class RoleOutput(serializers.ModelSerializer[Role]):
         read_only_fields = fields
 
 
-class RoleInput(_Strict):
+class RoleInput(StrictInput):
     name = serializers.CharField(max_length=63)
     description = serializers.CharField(max_length=400, required=False, default="", allow_blank=True)
     rules = serializers.JSONField(help_text="a list of {verbs: [...], resources: [...]}; * matches any")
@@ -86,7 +75,7 @@ class BindingOutput(serializers.ModelSerializer[RoleBinding]):
         read_only_fields = fields
 
 
-class BindingInput(_Strict):
+class BindingInput(StrictInput):
     role = serializers.CharField(max_length=63)
     namespace = serializers.CharField(max_length=63, help_text="a namespace, or * for every namespace")
     user = serializers.CharField(max_length=150, required=False, allow_null=True, default=None)

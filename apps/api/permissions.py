@@ -40,6 +40,12 @@ def request_namespace(request: Request) -> str | None:
     return raw or None
 
 
+def target_namespace(request: Request) -> str:
+    """The namespace a request that acts on one thing acts in: the one it names, else the
+    default namespace (lists, which span namespaces, use ``request_namespace``)."""
+    return request_namespace(request) or access.DEFAULT_NAMESPACE
+
+
 class AccessPermission(BasePermission):
     """Authenticated, and granted the verb the view's action maps to."""
 

@@ -63,10 +63,11 @@ class Revision(models.Model):
         indexes = [models.Index(fields=["namespace", "created_at", "id"], name="revision_namespace_newest")]
 
     def __str__(self) -> str:
-        return self.digest[:12]
+        return self.short
 
     @property
     def short(self) -> str:
+        """The digest's first 12 digits, as lists show it."""
         return self.digest[:12]
 
     def pipeline_names(self) -> list[str]:

@@ -15,23 +15,9 @@ from apps.accounts.choices import TokenStatus
 from apps.accounts.models import AccessToken, ServiceAccount
 from apps.accounts.services import MAX_COMMENT, MAX_DESCRIPTION
 from apps.api.params import StrictInteger
+from apps.api.strict import StrictInput
 
 DNS_LABEL_PATTERN = f"^{DNS_LABEL.pattern}$"
-
-
-class _Strict(serializers.Serializer[Any]):
-    """Refuses fields it does not know: a misspelt ``expires_in`` must not give a token the
-    default lifetime silently."""
-
-    refuses_unknown_fields = True
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
-            )
-        return attrs
 
 
 class _Text(serializers.Field):
@@ -81,12 +67,12 @@ class _ExpiresIn(StrictInteger):
         super().__init__(min_value=1, max_value=max_expires_in_seconds(), error_messages=messages, **kwargs)
 
 
-class ServiceAccountCreateInput(_Strict):
+class ServiceAccountCreateInput(StrictInput):
     name = _Name(help_text="a DNS label: 1-63 lowercase letters, digits or '-'")
     description = _Description(required=False, default="")
 
 
-class TokenCreateInput(_Strict):
+class TokenCreateInput(StrictInput):
     expires_in_seconds = _ExpiresIn(
         required=False,
         help_text="how long the token is valid, in seconds (default: GRAPHENE_USER_TOKEN_TTL_DAYS days for a "

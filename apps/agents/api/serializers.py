@@ -11,6 +11,7 @@ from rest_framework import serializers
 from apps.agents.choices import Guarantee
 from apps.agents.models import AgentCommand
 from apps.agents.services.payloads import MAX_ARGV, MAX_TIMEOUT_SECONDS
+from apps.api.strict import StrictInput
 from apps.records.models import Record
 
 
@@ -147,26 +148,15 @@ class _Timeout(serializers.JSONField):
     pass
 
 
-class ExecInput(serializers.Serializer[Any]):
-    refuses_unknown_fields = True
+class ExecInput(StrictInput):
     argv = _Argv(help_text="the program and its arguments: a non-empty list of strings")
     env = _Env(required=False, help_text="variables added to the agent's environment")
     cwd = _Cwd(required=False, help_text="absolute working directory on the machine")
     timeout = _Timeout(required=False, help_text="seconds; the process group is killed after it")
     guarantee = serializers.ChoiceField(choices=Guarantee.choices, default=Guarantee.AT_LEAST_ONCE)
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        # A misspelt option (``timout``) must not be dropped silently.
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
-            )
-        return attrs
 
-
-class AgentCreateInput(serializers.Serializer[Any]):
-    refuses_unknown_fields = True
+class AgentCreateInput(StrictInput):
     name = serializers.CharField(max_length=253, help_text="the agent's name, unique among its owner's agents")
     labels = serializers.DictField(
         child=serializers.CharField(allow_blank=True), required=False, default=dict, help_text="k: v labels"
@@ -177,14 +167,6 @@ class AgentCreateInput(serializers.Serializer[Any]):
     namespace = serializers.CharField(
         max_length=63, required=False, default="default", help_text="where the agent lives (with no owner)"
     )
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
-            )
-        return attrs
 
 
 class AgentEnrollmentOutput(serializers.Serializer[Any]):

@@ -12,8 +12,7 @@ from apps.api import schema as api_schema
 from apps.api.pagination import NewestFirst
 from apps.api.params import DoorChecks, bool_param
 from apps.api.parsers import MultiPartParser
-from apps.api.permissions import request_namespace
-from apps.core.access import DEFAULT_NAMESPACE
+from apps.api.permissions import request_namespace, target_namespace
 from apps.pipelines.api.serializers import PushOutput, RevisionOutput
 from apps.pipelines.delivery import revisions
 from apps.pipelines.models import Revision
@@ -61,7 +60,7 @@ class RevisionViewSet(DoorChecks, viewsets.GenericViewSet):
         activate = bool_param(request.query_params, "activate", default=True)
         pushed = revisions.revision_push(
             chunks=iter(lambda: request._request.read(1024 * 1024), b""),
-            namespace=request_namespace(request) or DEFAULT_NAMESPACE,
+            namespace=target_namespace(request),
             actor=request.user,
             activate=activate,
         )

@@ -5,6 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.api.strict import StrictInput
 from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent, Source
 
 
@@ -97,15 +98,8 @@ class PipelineEventOutput(serializers.ModelSerializer):
         return obj.actor.get_username() if obj.actor_id and obj.actor else None
 
 
-class ActivateInput(serializers.Serializer):
-    refuses_unknown_fields = True
+class ActivateInput(StrictInput):
     revision = serializers.CharField(max_length=80, help_text="a revision's id or at least 7 digits of its digest")
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        if unknown:
-            raise serializers.ValidationError({name: ["unknown field; activation takes revision"] for name in unknown})
-        return attrs
 
 
 class JournalEntryOutput(serializers.ModelSerializer):
@@ -198,8 +192,7 @@ class _Inputs(serializers.JSONField):
     """A run's inputs: an object, checked against the pipeline's ``input_schema``."""
 
 
-class RunStartInput(serializers.Serializer):
-    refuses_unknown_fields = True
+class RunStartInput(StrictInput):
     inputs = _Inputs(
         required=False, default=dict, help_text="the pipeline's inputs, checked strictly against its schema"
     )
@@ -208,15 +201,6 @@ class RunStartInput(serializers.Serializer):
         max_length=80,
         help_text="a draft start: this revision (id or digest prefix) instead of the pipeline's active one",
     )
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        # A misspelt key (``input``) must not start a run with every default.
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        if unknown:
-            raise serializers.ValidationError(
-                {name: ["unknown field; a start takes inputs and revision"] for name in unknown}
-            )
-        return attrs
 
 
 class SourceOutput(serializers.ModelSerializer):
@@ -273,10 +257,9 @@ class _Boolean(serializers.BooleanField):
         return data
 
 
-class _SourceSettings(serializers.Serializer):
+class _SourceSettings(StrictInput):
     """The settings of a source, as POST, PUT and PATCH take them (checked by the service)."""
 
-    refuses_unknown_fields = True
     # Not trimmed: a blank in a URL or a ref is refused, saying so, rather than dropped.
     url = _String(
         max_length=1000,
@@ -303,15 +286,6 @@ class _SourceSettings(serializers.Serializer):
     activate = _Boolean(
         required=False, default=True, help_text="a new revision's pipelines become active at once (default true)"
     )
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        # A misspelt setting (``subdir``) must not be dropped silently.
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [f"unknown field; fields are {sorted(self.fields)}"] for name in unknown}
-            )
-        return attrs
 
 
 class SourceApplyInput(_SourceSettings):

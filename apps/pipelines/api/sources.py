@@ -14,8 +14,7 @@ from rest_framework.response import Response
 
 from apps.api.pagination import ByName
 from apps.api.params import DoorChecks
-from apps.api.permissions import request_namespace
-from apps.core.access import DEFAULT_NAMESPACE
+from apps.api.permissions import request_namespace, target_namespace
 from apps.pipelines.api.serializers import SourceApplyInput, SourceChangeInput, SourceOutput, SourceSyncOutput
 from apps.pipelines.delivery import sources
 from apps.pipelines.models import Source
@@ -29,10 +28,6 @@ LIST_NAMESPACE = OpenApiParameter(
     "namespace", str, description="the sources of this namespace (default: every namespace the caller may read)"
 )
 SETTINGS = ("url", "ref", "subdirectory", "credential", "activate")
-
-
-def _namespace(request: Request) -> str:
-    return request_namespace(request) or DEFAULT_NAMESPACE
 
 
 class SourceViewSet(DoorChecks, viewsets.GenericViewSet[Source]):
@@ -66,7 +61,7 @@ class SourceViewSet(DoorChecks, viewsets.GenericViewSet[Source]):
 
     @extend_schema(parameters=[NAMESPACE], responses=SourceOutput)
     def retrieve(self, request: Request, name: str) -> Response:
-        source = sources.source_get(user=request.user, name=name, namespace=_namespace(request))
+        source = sources.source_get(user=request.user, name=name, namespace=target_namespace(request))
         return Response(SourceOutput(source).data)
 
     @extend_schema(parameters=[NAMESPACE], request=SourceApplyInput, responses={201: SourceOutput, 200: SourceOutput})
@@ -90,19 +85,19 @@ class SourceViewSet(DoorChecks, viewsets.GenericViewSet[Source]):
         """Change the settings given; the others stay as they are."""
         data = SourceChangeInput(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        source = sources.source_get(user=request.user, name=name, namespace=_namespace(request))
+        source = sources.source_get(user=request.user, name=name, namespace=target_namespace(request))
         current = {key: getattr(source, key) for key in SETTINGS}
         return self._apply(request, {**current, **data.validated_data, "name": name})
 
     def _apply(self, request: Request, settings: dict[str, Any]) -> Response:
-        applied = sources.source_apply(namespace=_namespace(request), actor=request.user, **settings)
+        applied = sources.source_apply(namespace=target_namespace(request), actor=request.user, **settings)
         code = status.HTTP_201_CREATED if applied.created else status.HTTP_200_OK
         return Response(SourceOutput(applied.source).data, status=code)
 
     @extend_schema(parameters=[NAMESPACE], request=None, responses={204: None})
     def destroy(self, request: Request, name: str) -> Response:
         """Delete the source; its revisions stay, and the pipelines keep their active ones."""
-        source = sources.source_get(user=request.user, name=name, namespace=_namespace(request))
+        source = sources.source_get(user=request.user, name=name, namespace=target_namespace(request))
         sources.source_delete(source=source, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -114,7 +109,7 @@ class SourceViewSet(DoorChecks, viewsets.GenericViewSet[Source]):
         (``new`` false). A failure (repository unreachable, no such ref, credential refused,
         code that does not import or defines no pipeline) is a 400 naming the cause; it is
         recorded on the source (``error``), and the active revisions stay as they are."""
-        source = sources.source_get(user=request.user, name=name, namespace=_namespace(request))
+        source = sources.source_get(user=request.user, name=name, namespace=target_namespace(request))
         synced = sources.source_sync(source=source, actor=request.user)
         context = {"new": synced.new, "created": synced.created, "activated": synced.activated}
         return Response(SourceSyncOutput(synced.source, context=context).data)

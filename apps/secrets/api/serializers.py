@@ -8,20 +8,9 @@ from drf_spectacular.utils import extend_schema_field
 from graphene_sdk._secrets import SECRET_NAME
 from rest_framework import serializers
 
+from apps.api.strict import StrictInput
 from apps.secrets.models import Secret
 from apps.secrets.services import MAX_VALUE_BYTES
-
-
-class _Strict(serializers.Serializer[Any]):
-    """Refuses fields it does not know (a typo such as ``vaule`` must not store an empty secret)."""
-
-    refuses_unknown_fields = True
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
-        return attrs
 
 
 @extend_schema_field({"type": "string"})
@@ -53,12 +42,12 @@ class _Name(_Text):
     pass
 
 
-class SecretCreateInput(_Strict):
+class SecretCreateInput(StrictInput):
     name = _Name()
     value = _Value(write_only=True)
 
 
-class SecretReplaceInput(_Strict):
+class SecretReplaceInput(StrictInput):
     value = _Value(write_only=True)
 
 

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from apps.api.pagination import ByName
 from apps.api.params import DoorChecks
-from apps.api.permissions import request_namespace
+from apps.api.permissions import request_namespace, target_namespace
 from apps.core import access
 from apps.secrets import selectors, services
 from apps.secrets.api.serializers import SecretCreateInput, SecretOutput, SecretReplaceInput
@@ -46,14 +46,14 @@ class SecretViewSet(DoorChecks, viewsets.GenericViewSet[Secret]):
     @extend_schema(responses=SecretOutput)
     def retrieve(self, request: Request, name: str) -> Response:
         return Response(
-            SecretOutput(selectors.secret_get(user=request.user, name=name, namespace=_namespace(request))).data
+            SecretOutput(selectors.secret_get(user=request.user, name=name, namespace=target_namespace(request))).data
         )
 
     @extend_schema(request=SecretCreateInput, responses={201: SecretOutput})
     def create(self, request: Request) -> Response:
         """Store a new secret in ``?namespace=`` (default ``default``); 409 if the name is taken
         there (replace it with PUT)."""
-        namespace = _namespace(request)
+        namespace = target_namespace(request)
         access.require(request.user, "create", "secrets", namespace)
         access.namespace_check(namespace)
         data = SecretCreateInput(data=request.data)
@@ -69,7 +69,7 @@ class SecretViewSet(DoorChecks, viewsets.GenericViewSet[Secret]):
     @extend_schema(request=SecretReplaceInput, responses={200: SecretOutput, 201: SecretOutput})
     def update(self, request: Request, name: str) -> Response:
         """Store or replace the value of ``name`` (201 when it was created)."""
-        namespace = _namespace(request)
+        namespace = target_namespace(request)
         access.require(request.user, "update", "secrets", namespace)
         access.require(request.user, "create", "secrets", namespace)
         access.namespace_check(namespace)
@@ -82,11 +82,7 @@ class SecretViewSet(DoorChecks, viewsets.GenericViewSet[Secret]):
 
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, name: str) -> Response:
-        namespace = _namespace(request)
+        namespace = target_namespace(request)
         access.require(request.user, "delete", "secrets", namespace)
         services.secret_delete(name=name, namespace=namespace, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-def _namespace(request: Request) -> str:
-    return request_namespace(request) or access.DEFAULT_NAMESPACE
