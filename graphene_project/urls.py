@@ -5,7 +5,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from apps.agents import views as agent_views
 from apps.api import errors as api_errors
 from apps.core import views as core_views
-from apps.observability.views import metrics_view  # observability: /metrics
+from apps.observability.views import metrics_view
+from apps.pipelines import views as pipeline_views  # observability: /metrics
 
 urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
@@ -20,6 +21,7 @@ urlpatterns = [
     # Anything else under /api/ is the API's JSON 404 (not the Studio's catch-all login redirect).
     re_path(r"^api(?:/|$)", api_errors.not_found),
     path("agents/download", agent_views.download, name="agents-download"),
+    path("hooks/<str:pipeline>/<str:trigger>", pipeline_views.webhook, name="webhook"),
     path("", admin.site.urls),
 ]
 

@@ -12,6 +12,7 @@ from apps.artifacts.api.views import ArtifactViewSet
 from apps.pipelines.api.revisions import RevisionViewSet
 from apps.pipelines.api.sources import SourceViewSet
 from apps.pipelines.api.stands import StandViewSet
+from apps.pipelines.api.triggers import TriggerViewSet
 from apps.pipelines.api.views import PipelineViewSet, RunViewSet
 from apps.records.api.views import KindViewSet, OrphanViewSet, RecordViewSet
 from apps.secrets.api.views import SecretViewSet
@@ -33,6 +34,7 @@ router.register("runs", RunViewSet, basename="run")
 router.register("revisions", RevisionViewSet, basename="revision")
 router.register("sources", SourceViewSet, basename="source")
 router.register("stands", StandViewSet, basename="stand")
+router.register("triggers", TriggerViewSet, basename="trigger")
 router.register("agents", AgentViewSet, basename="agent")
 router.register("secrets", SecretViewSet, basename="secret")
 router.register("artifacts", ArtifactViewSet, basename="artifact")

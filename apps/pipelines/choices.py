@@ -71,3 +71,27 @@ class EntryStatus(models.TextChoices):
 
 # The journal's call name of ``ctx.attach_artifact`` (its entries' results name the artifact).
 ATTACH_ARTIFACT_CALL = "attach_artifact "
+
+
+class TriggerType(models.TextChoices):
+    UPSTREAM = "upstream", "Upstream"
+    CRON = "cron", "Cron"
+    WEBHOOK = "webhook", "Webhook"
+
+
+class FiringStatus(models.TextChoices):
+    # Seen (an upstream run ended, a cron instant came, a delivery arrived); its run not started yet.
+    PENDING = "pending", "Pending"
+    STARTED = "started", "Started"
+    # The trigger was paused when it fired: nothing started (the trigger's events say so).
+    SKIPPED = "skipped", "Skipped"
+    # The start was refused (inputs, the concurrency policy's limit, the code gone): see ``error``.
+    FAILED = "failed", "Failed"
+
+
+# What an upstream trigger's ``on`` matches.
+UPSTREAM_OUTCOMES: dict[str, frozenset[str]] = {
+    "succeeded": frozenset({RunStatus.SUCCEEDED}),
+    "failed": frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT}),
+    "any": TERMINAL,
+}

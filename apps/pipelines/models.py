@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 
 from apps.core.models import TimeStampedModel
-from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, EntryStatus, RunStatus
+from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, EntryStatus, FiringStatus, RunStatus, TriggerType
 
 
 class Source(TimeStampedModel):
@@ -94,6 +94,9 @@ class Pipeline(TimeStampedModel):
     revision = models.ForeignKey(
         Revision, null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="the active revision"
     )
+    # The triggers' specs as last reconciled (graphene_sdk._triggers ``spec()``): what the code
+    # declares is compared with this, so unchanged code costs no read of the triggers.
+    trigger_specs = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return self.name
@@ -116,6 +119,84 @@ class PipelineEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pipeline_id}: {self.reason}"
+
+
+class Trigger(TimeStampedModel):
+    """What starts a pipeline's runs without a person: a run of an upstream pipeline ending, a
+    cron instant, a signed webhook delivery. Declared in the pipeline's code and reconciled
+    when it is activated (apps/pipelines/triggers.py); paused and resumed by people."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="triggers")
+    namespace = models.CharField(max_length=63, default="default")
+    name = models.CharField(max_length=100)
+    type = models.CharField(max_length=20, choices=TriggerType.choices)
+    spec = models.JSONField(default=dict, help_text="as declared: graphene_sdk._triggers spec()")
+    # upstream: the pipeline whose runs' ends fire it (indexed: looked up as each run ends).
+    upstream = models.CharField(max_length=200, blank=True)
+    # cron: the next scheduled instant (what the scheduler fires next).
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    paused_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    paused_at = models.DateTimeField(null=True, blank=True)
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    last_run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pipeline", "name"], name="trigger_unique_name")]
+        indexes = [
+            models.Index(fields=["upstream", "namespace"], name="trigger_upstream", condition=Q(type="upstream")),
+            models.Index(fields=["next_fire_at"], name="trigger_cron_due", condition=Q(type="cron")),
+            models.Index(fields=["namespace", "pipeline", "name"], name="trigger_namespace"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline.name}/{self.name}"
+
+
+class TriggerEvent(models.Model):
+    """Append-only history of a trigger: each firing, skip, missed instant, refused delivery,
+    pause and resume."""
+
+    id = models.BigAutoField(primary_key=True)
+    trigger = models.ForeignKey(Trigger, on_delete=models.CASCADE, related_name="events")
+    reason = models.CharField(max_length=80)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["trigger", "id"], name="triggerevent_trigger_id")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.trigger_id}: {self.reason}"
+
+
+class TriggerFiring(models.Model):
+    """One cause a trigger fired for (an upstream run's end, a cron instant, a webhook
+    delivery), written in the transaction that saw it: the run starts from it, once
+    (``key`` is unique per trigger), even if the process that wrote it dies first."""
+
+    id = models.BigAutoField(primary_key=True)
+    trigger = models.ForeignKey(Trigger, on_delete=models.CASCADE, related_name="firings")
+    key = models.CharField(max_length=255, help_text="the upstream run's id, the cron instant, the delivery id")
+    cause = models.JSONField(default=dict)
+    payload = models.JSONField(null=True, blank=True, help_text="a webhook delivery's body")
+    status = models.CharField(max_length=12, choices=FiringStatus.choices, default=FiringStatus.PENDING)
+    run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["trigger", "key"], name="firing_unique_key")]
+        indexes = [models.Index(fields=["created_at"], name="firing_pending", condition=Q(status="pending"))]
+
+    def __str__(self) -> str:
+        return f"{self.trigger_id}: {self.key}"
 
 
 class Run(TimeStampedModel):
@@ -155,6 +236,10 @@ class Run(TimeStampedModel):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # The code it runs and replays, always (None: the pipeline's code installed on the workers).
     revision = models.ForeignKey(Revision, null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
+    # Why it started (apps/pipelines/causes.py): {"type": "user"|"parent"|"upstream"|"cron"|
+    # "webhook", ...}; and the trigger that started it, if one did.
+    cause = models.JSONField(default=dict, blank=True)
+    trigger = models.ForeignKey(Trigger, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
 
     class Meta:
         constraints = [

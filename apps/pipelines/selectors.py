@@ -20,7 +20,7 @@ from apps.observability.models import SpanStatus
 from apps.observability.selectors import span_node, trace_tree
 from apps.observability.tracing import run_span_id, trace_id_of
 from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, TERMINAL, RunStatus
-from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent
+from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent, Trigger
 from apps.records.choices import Phase
 from apps.records.models import Record
 from apps.records.selectors import record_get, record_visible
@@ -208,6 +208,34 @@ def pipeline_list(*, user: User) -> QuerySet[Pipeline]:
     if not user.is_authenticated:
         return Pipeline.objects.none()
     return access.scope(Pipeline.objects.filter(is_loaded=True), user, "get", "pipelines").order_by("name")
+
+
+# --- triggers ----------------------------------------------------------------------------------
+
+
+def trigger_list(
+    *,
+    user: User,
+    namespace: str | None = None,
+    pipeline: str | None = None,
+    name: str | None = None,
+    type: str | None = None,
+) -> QuerySet[Trigger]:
+    """Triggers of the pipelines ``user`` may read, in name order."""
+    if not user.is_authenticated:
+        return Trigger.objects.none()
+    qs = access.scope(Trigger.objects.all(), user, "get", "pipelines")
+    if type is not None and type not in ("upstream", "cron", "webhook"):
+        raise ValidationFailed(
+            f"type {type!r}: upstream, cron or webhook", fields={"type": ["upstream, cron or webhook"]}
+        )
+    filters = {"namespace": namespace, "pipeline__name": pipeline, "name": name, "type": type}
+    qs = qs.filter(**{k: v for k, v in filters.items() if v is not None})
+    return qs.select_related("pipeline", "paused_by").order_by("name", "pipeline__name")
+
+
+def trigger_get(*, user: User, trigger_id: Any) -> Trigger:
+    return get_by_uuid(trigger_list(user=user), trigger_id, noun="trigger")
 
 
 # --- stands ------------------------------------------------------------------------------------

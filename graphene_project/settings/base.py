@@ -239,6 +239,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "apps.records.tasks.records_sweep_task",
         "schedule": schedule(timedelta(minutes=10)),
     },
+    # Cron triggers' instants, and firings whose process died before starting their run.
+    "triggers-tick": {
+        "task": "apps.pipelines.tasks.triggers_tick_task",
+        "schedule": schedule(timedelta(seconds=env.integer("GRAPHENE_TRIGGERS_TICK_SECONDS", 1))),
+    },
 }
 
 # --- Channels ----------------------------------------------------------------------------
@@ -372,6 +377,14 @@ GRAPHENE_REVISION_DIR = Path(env.string("GRAPHENE_REVISION_DIR", str(DATA_DIR / 
 # A worker executing a run renews its lease every third of this; a dead worker's run is
 # resumed elsewhere once it expires.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
+# Triggers (docs/triggers.md): how often the scheduler looks for cron instants (each is then
+# fired at its exact time by a worker); how late an instant may fire before it counts as missed
+# (the scheduler was down: the trigger's ``missed`` policy decides); how long a firing may wait
+# for its run before the tick starts it (its process died); the largest webhook body, in bytes.
+GRAPHENE_TRIGGERS_TICK_SECONDS = env.integer("GRAPHENE_TRIGGERS_TICK_SECONDS", 1)
+GRAPHENE_CRON_MISSED_AFTER_SECONDS = env.integer("GRAPHENE_CRON_MISSED_AFTER_SECONDS", 30)
+GRAPHENE_FIRING_RETRY_SECONDS = env.integer("GRAPHENE_FIRING_RETRY_SECONDS", 5)
+GRAPHENE_WEBHOOK_MAX_BYTES = env.integer("GRAPHENE_WEBHOOK_MAX_BYTES", 5 * 1024**2)
 
 # --- Audit trail (apps/core/audit.py, docs/audit.md) ---------------------------------------
 # How long audit rows are kept; the retention task deletes older ones once an hour, in batches.

@@ -28,6 +28,9 @@ if _XDIST and os.environ.get("GRAPHENE_TEST_XDIST_WORKER") != _XDIST:
 # Short leases so that crash tests see the reconciler pick up lost work within seconds.
 os.environ.setdefault("GRAPHENE_OPERATION_LEASE_SECONDS", "3")
 os.environ.setdefault("GRAPHENE_RUN_LEASE_SECONDS", "4")
+# Cron instants more than 3 s late count as missed (tests stop the scheduler for a few seconds).
+os.environ.setdefault("GRAPHENE_CRON_MISSED_AFTER_SECONDS", "3")
+os.environ.setdefault("GRAPHENE_FIRING_RETRY_SECONDS", "2")
 os.environ.setdefault("GRAPHENE_PIPELINE_MODULES", "tests.pipelines.sample")
 
 # After the environment above (E402): base.py reads it on import.

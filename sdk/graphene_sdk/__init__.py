@@ -72,6 +72,12 @@ if TYPE_CHECKING:
     from graphene_sdk._secrets import (
         SecretRef,
     )
+    from graphene_sdk._triggers import (
+        UpstreamRun,
+        cron,
+        upstream,
+        webhook,
+    )
 
 # Where each lazily imported name lives.
 _LAZY = {
@@ -106,6 +112,10 @@ _LAZY = {
     "registered": "graphene_sdk._pipeline",
     "Guarantee": "graphene_sdk._runtime",
     "SecretRef": "graphene_sdk._secrets",
+    "UpstreamRun": "graphene_sdk._triggers",
+    "cron": "graphene_sdk._triggers",
+    "upstream": "graphene_sdk._triggers",
+    "webhook": "graphene_sdk._triggers",
 }
 
 __all__ = [
@@ -149,9 +159,13 @@ __all__ = [
     "StepFailed",
     "StepTimeout",
     "TreeNode",
+    "UpstreamRun",
+    "cron",
     "need",
     "pipeline",
     "registered",
+    "upstream",
+    "webhook",
 ]
 
 if not TYPE_CHECKING:  # a module __getattr__ seen by mypy would type every unknown name as valid

@@ -242,6 +242,14 @@ def manifest_of(pipelines: dict[str, Pipeline[Any, Any]], package: str) -> list[
             output_schema = definition.output_schema()
         except Exception as exc:
             raise TreeError(f"pipeline {name!r}: its input or output model has no JSON Schema: {exc}") from exc
+        for trigger in definition.triggers:
+            if trigger.type == "cron":
+                try:
+                    definition.inputs.model_validate(trigger.spec()["inputs"])
+                except Exception as exc:
+                    raise TreeError(
+                        f"pipeline {name!r}, trigger {trigger.name!r}: its inputs are not valid: {exc}"
+                    ) from exc
         described.append(
             {
                 "name": name,
@@ -253,7 +261,7 @@ def manifest_of(pipelines: dict[str, Pipeline[Any, Any]], package: str) -> list[
                 "concurrency": definition.concurrency,
                 "max_pending": definition.max_pending,
                 "timeout_seconds": int(definition.timeout.total_seconds()) if definition.timeout else None,
-                "triggers": [repr(t) for t in definition.triggers],
+                "triggers": [t.spec() for t in definition.triggers],
             }
         )
     return described

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from graphene_sdk._triggers import Trigger, triggers_check
+
 if TYPE_CHECKING:
     from graphene_sdk._context import Context
 
@@ -45,7 +47,7 @@ class Pipeline(Generic[InputT, OutputT]):
     max_pending: int | None = None
     timeout: timedelta | None = None
     keep_on_failure: timedelta | None = None
-    triggers: Sequence[Any] = field(default_factory=tuple)
+    triggers: Sequence[Trigger] = field(default_factory=tuple)
     description: str = ""
     namespace: str = "default"
 
@@ -117,7 +119,7 @@ def pipeline(
     max_pending: int | None = None,
     timeout: timedelta | None = None,
     keep_on_failure: timedelta | None = None,
-    triggers: Sequence[Any] = (),
+    triggers: Sequence[Trigger] = (),
     namespace: str | None = None,
 ) -> Callable[[Callable[[Context, InputT], OutputT]], Pipeline[InputT, OutputT]]:
     """Declare ``fn(ctx, inputs) -> Output | None`` as the pipeline ``name``.
@@ -144,6 +146,7 @@ def pipeline(
         raise ValueError(f"pipeline {name!r}: namespace {namespace!r}: use letters, digits and '-' (at most 63)")
     if max_pending is not None and (concurrency != "queue" or max_pending < 0):
         raise ValueError(f"pipeline {name!r}: max_pending is a non-negative bound for concurrency='queue'")
+    checked_triggers = triggers_check(name, triggers)
 
     def register(fn: Callable[[Context, InputT], OutputT]) -> Pipeline[InputT, OutputT]:
         collector: _Collector | None = getattr(_collecting, "current", None)
@@ -164,7 +167,7 @@ def pipeline(
             max_pending=max_pending,
             timeout=timeout,
             keep_on_failure=keep_on_failure,
-            triggers=tuple(triggers),
+            triggers=checked_triggers,
             description=inspect.getdoc(fn) or "",
             namespace=namespace or where,
         )

@@ -49,6 +49,7 @@ OPEN_ROUTES = {
     "metrics": "Prometheus exposition; its own bearer token (GRAPHENE_METRICS_TOKEN)",
     "agents-download": "the agent's code for machines being installed: public by design",
     "tls-ca": "the CA's certificate, for clients to pin: public by design",
+    "webhook": "a trigger's deliveries: each checked against the trigger's own secret (HMAC or bearer)",
     "schema": "the API's description: every signed-in caller (drf-spectacular's own check)",
     "api-docs": "Swagger UI over the schema: every signed-in caller",
 }

@@ -60,9 +60,13 @@ def test_exported_names_are_pinned() -> None:
         "StepFailed",
         "StepTimeout",
         "TreeNode",
+        "UpstreamRun",
+        "cron",
         "need",
         "pipeline",
         "registered",
+        "upstream",
+        "webhook",
     ]
     for error in (
         "ResourceFailed",

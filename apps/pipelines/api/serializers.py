@@ -6,7 +6,19 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.strict import StrictInput
-from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent, Source
+from apps.pipelines.causes import cause_of, cause_text
+from apps.pipelines.models import (
+    JournalEntry,
+    Pipeline,
+    PipelineEvent,
+    Revision,
+    Run,
+    RunEvent,
+    Source,
+    Trigger,
+    TriggerEvent,
+)
+from apps.pipelines.services.triggers import trigger_summary
 
 
 class PipelineOutput(serializers.ModelSerializer):
@@ -135,6 +147,10 @@ class RunOutput(serializers.ModelSerializer):
     revision = serializers.SerializerMethodField(
         help_text="the digest of the revision the run executes and replays; null: code installed on the workers"
     )
+    cause = serializers.SerializerMethodField(
+        help_text="why it started: {type: user|parent|upstream|cron|webhook|system, ...} (docs/triggers.md)"
+    )
+    cause_text = serializers.SerializerMethodField(help_text="the cause in one line")
 
     class Meta:
         model = Run
@@ -148,6 +164,8 @@ class RunOutput(serializers.ModelSerializer):
             "record",
             "parent",
             "parent_name",
+            "cause",
+            "cause_text",
             "inputs",
             "outputs",
             "error",
@@ -167,6 +185,13 @@ class RunOutput(serializers.ModelSerializer):
 
     def get_revision(self, obj: Run) -> str | None:
         return obj.revision.digest if obj.revision_id is not None and obj.revision is not None else None
+
+    @extend_schema_field({"type": "object", "additionalProperties": True})
+    def get_cause(self, obj: Run) -> dict[str, Any]:
+        return cause_of(obj)
+
+    def get_cause_text(self, obj: Run) -> str:
+        return cause_text(cause_of(obj))
 
 
 class RunDetailOutput(RunOutput):
@@ -323,3 +348,57 @@ class SourceSyncOutput(SourceOutput):
 
     def get_pipelines(self, obj: Source) -> list[str]:
         return obj.revision.pipeline_names() if obj.revision is not None else []
+
+
+class TriggerOutput(serializers.ModelSerializer):
+    """A trigger of a pipeline, as its code declares it, with its state."""
+
+    pipeline = serializers.CharField(source="pipeline.name", read_only=True)
+    summary = serializers.SerializerMethodField(help_text="the trigger in one line")
+    paused_by = serializers.SerializerMethodField()
+    last_run = serializers.UUIDField(source="last_run_id", read_only=True, allow_null=True)
+    hook_path = serializers.SerializerMethodField(help_text="where a webhook trigger takes deliveries; null otherwise")
+
+    class Meta:
+        model = Trigger
+        fields = [
+            "id",
+            "pipeline",
+            "namespace",
+            "name",
+            "type",
+            "summary",
+            "spec",
+            "paused",
+            "paused_by",
+            "paused_at",
+            "next_fire_at",
+            "last_fired_at",
+            "last_run",
+            "hook_path",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_summary(self, obj: Trigger) -> str:
+        return trigger_summary(obj.spec)
+
+    def get_paused_by(self, obj: Trigger) -> str | None:
+        return obj.paused_by.get_username() if obj.paused_by_id and obj.paused_by else None
+
+    def get_hook_path(self, obj: Trigger) -> str | None:
+        return f"/hooks/{obj.pipeline.name}/{obj.name}" if obj.type == "webhook" else None
+
+
+class TriggerEventOutput(serializers.ModelSerializer):
+    actor = serializers.SerializerMethodField()
+    run = serializers.UUIDField(source="run_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = TriggerEvent
+        fields = ["id", "reason", "message", "data", "run", "actor", "created_at"]
+        read_only_fields = fields
+
+    def get_actor(self, obj: TriggerEvent) -> str | None:
+        return obj.actor.get_username() if obj.actor_id and obj.actor else None

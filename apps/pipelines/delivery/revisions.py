@@ -36,6 +36,7 @@ from apps.core.db import is_postgresql
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.core.models import Namespace
 from apps.pipelines.models import Pipeline, PipelineEvent, Revision, Source
+from apps.pipelines.services import triggers
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,18 @@ def _check_names(manifest: dict[str, Any], namespace: str) -> None:
         raise RevisionRefused(f"pipeline names are unique in the installation, and these are taken: {taken}")
 
 
+def _check_triggers(manifest: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each pipeline's triggers as the server keeps them; a trigger that cannot work (a cron
+    expression, a timezone, a webhook without the ``event`` input) refuses the revision."""
+    try:
+        return {
+            p["name"]: triggers.specs_check(p["name"], p.get("triggers", []), p.get("input_schema"))
+            for p in manifest["pipelines"]
+        }
+    except triggers.TriggersRefused as exc:
+        raise RevisionRefused(str(exc.detail)) from None
+
+
 # --- materializing --------------------------------------------------------------------------------
 
 
@@ -155,6 +168,7 @@ def revision_materialize(
             _delivery.unpack(data, canonical, max_bytes=max_bytes())
             manifest = _describe(canonical, namespace)
         _check_names(manifest, namespace)
+        _check_triggers(manifest)
         existing, created = _revision_store(
             data=data, digest=digest, namespace=namespace, manifest=manifest, actor=actor, source=source, commit=commit
         )
@@ -261,6 +275,7 @@ def _pipeline_fields(entry: dict[str, Any], revision: Revision) -> dict[str, Any
         "timeout_seconds": entry.get("timeout_seconds"),
         "is_loaded": True,
         "revision": revision,
+        "trigger_specs": entry.get("triggers", []),
     }
 
 
@@ -284,6 +299,7 @@ def pipelines_activate(
         defined = ", ".join(revision.pipeline_names()) or "none"
         raise NotFound(f"revision {revision.short} defines no pipeline {unknown[0]!r}; it defines: {defined}")
     _check_names({"pipelines": [entries[n] for n in names]}, revision.namespace)
+    declared = _check_triggers({"pipelines": [entries[n] for n in names]})
     who = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     changed: list[tuple[Pipeline, Revision | None]] = []
     with transaction.atomic():
@@ -292,6 +308,10 @@ def pipelines_activate(
             r.name: r
             for r in Pipeline.objects.select_for_update(of=("self",)).select_related("revision").filter(name__in=names)
         }
+        try:  # with the pipelines' rows locked: activations one after another see each other's triggers
+            triggers.cycle_check(declared)
+        except triggers.TriggersRefused as exc:
+            raise RevisionRefused(str(exc.detail)) from None
         new: list[Pipeline] = []
         kept: list[Pipeline] = []
         for name in names:
@@ -341,6 +361,8 @@ def pipelines_activate(
                     detail={"rollback": rollback},
                 )
             )
+        for row, _ in changed:  # after its activation in the pipeline's history
+            events.extend(triggers.triggers_reconcile(row, declared[row.name], actor=actor))
         PipelineEvent.objects.bulk_create(events)
         audit.audit_write_many(changes, actor=actor)
     for event in events:

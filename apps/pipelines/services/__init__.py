@@ -8,6 +8,8 @@
 * ``lifecycle``: the execution lease, suspending and waking, a run's end (which deletes
   everything it still owns, I3), stands.
 * ``recovery``: the beat's safety net (deadlines, expired leases, due timers, lost messages).
+* ``triggers``: upstream, cron and webhook triggers: reconciled with the code, fired once per
+  cause, paused and resumed.
 
 Celery carries run ids; the row decides what happens.
 """

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 from graphene_sdk import registered
@@ -15,7 +16,7 @@ from apps.core import access, validation
 from apps.core.errors import NotFound
 from apps.core.models import Namespace
 from apps.pipelines.delivery import loader, local
-from apps.pipelines.models import Pipeline, Revision, Run
+from apps.pipelines.models import Pipeline, PipelineEvent, Revision, Run
 
 _load_lock = threading.Lock()
 _loaded = False
@@ -94,7 +95,18 @@ def _pipeline_fields(definition: Definition[Any, Any]) -> dict[str, Any]:
         "timeout_seconds": int(definition.timeout.total_seconds()) if definition.timeout else None,
         "is_loaded": True,
         "namespace": definition.namespace,
+        "trigger_specs": [t.spec() for t in definition.triggers],
     }
+
+
+def _triggers_sync(row: Pipeline) -> None:
+    """Installed code declared other triggers than the row's: reconcile them (refused, with the
+    reason, when they cannot work or would form a cycle)."""
+    from apps.pipelines.services import triggers
+
+    specs = triggers.specs_check(row.name, row.trigger_specs, row.input_schema)
+    triggers.cycle_check({row.name: specs})
+    PipelineEvent.objects.bulk_create(triggers.triggers_reconcile(row, specs))
 
 
 def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = None) -> Pipeline:
@@ -110,15 +122,21 @@ def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = No
         # A pipeline's code names its namespace: loading it brings the namespace into being
         # (deploying pipeline code is an operator's act; who may see it is still bindings' to say).
         Namespace.objects.get_or_create(name=definition.namespace)
-        row, _ = Pipeline.objects.get_or_create(name=definition.name, defaults=fields)
+        with transaction.atomic():  # triggers that cannot be made leave no row behind
+            row, created = Pipeline.objects.get_or_create(name=definition.name, defaults=fields)
+            if created and row.trigger_specs:
+                _triggers_sync(row)
         return row
     changed = {k: v for k, v in fields.items() if getattr(row, k) != v}
     if "namespace" in changed:
         Namespace.objects.get_or_create(name=definition.namespace)
     if changed:
-        Pipeline.objects.filter(pk=row.pk).update(**changed, updated_at=timezone.now())
-        for key, value in changed.items():
-            setattr(row, key, value)
+        with transaction.atomic():  # triggers that cannot be made leave the row as it was
+            Pipeline.objects.filter(pk=row.pk).update(**changed, updated_at=timezone.now())
+            for key, value in changed.items():
+                setattr(row, key, value)
+            if "trigger_specs" in changed:
+                _triggers_sync(row)
     return row
 
 

@@ -22,6 +22,7 @@ from apps.core.errors import Conflict, GrapheneError
 from apps.observability import metrics
 from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Run, RunWait
+from apps.pipelines.services import triggers
 from apps.pipelines.services.definitions import definition_for_run
 from apps.pipelines.services.transitions import Actor, run_enqueue_on_commit, run_lock, run_transition
 from apps.records import services as records
@@ -261,6 +262,7 @@ def run_finish(
             },
         )
         RunWait.objects.filter(run=run).delete()
+        triggers.upstream_ended(run)
         if run.record_id is not None:
             root = Record.objects.filter(pk=run.record_id).first()
             if root is not None and root.phase != Phase.DELETED:

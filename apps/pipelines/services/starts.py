@@ -11,8 +11,9 @@ from graphene_sdk import Pipeline as Definition
 
 from apps.core import access
 from apps.core.errors import Conflict, GrapheneError, NotFound, ValidationFailed
+from apps.pipelines.causes import cause_text, parent_cause, user_cause
 from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
-from apps.pipelines.models import Pipeline, Revision, Run, RunWait
+from apps.pipelines.models import Pipeline, Revision, Run, RunWait, Trigger
 from apps.pipelines.services.definitions import definition_for_run, definition_get, inputs_validate, pipeline_sync
 from apps.pipelines.services.lifecycle import run_finish
 from apps.pipelines.services.transitions import (
@@ -42,6 +43,8 @@ def _create_run(
     group_index: int | None = None,
     idempotency_key: str | None = None,
     revision: Revision | None = None,
+    cause: dict[str, Any] | None = None,
+    trigger: Trigger | None = None,
 ) -> Run:
     number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
     root = records.record_create_root(
@@ -63,8 +66,10 @@ def _create_run(
         group_index=group_index,
         idempotency_key=idempotency_key,
         revision=revision,
+        cause=cause if cause is not None else (parent_cause(parent) if parent is not None else user_cause(actor)),
+        trigger=trigger,
     )
-    message = f"started by run {parent}" if parent is not None else ""
+    message = f"started by {cause_text(run.cause)}" if run.cause.get("type") not in ("user", "system") else ""
     run_created(run=run, reason=reason, message=message, actor=actor)
     run_audit("run.start", run, actor=actor, before=None, status=status)
     if status == RunStatus.QUEUED:
@@ -115,6 +120,8 @@ def run_start(
     actor: Actor = None,
     idempotency_key: str | None = None,
     revision: Revision | None = None,
+    cause: dict[str, Any] | None = None,
+    trigger: Trigger | None = None,
 ) -> Run:
     """Validate the inputs, apply the pipeline's concurrency policy, create the run, enqueue it.
 
@@ -129,6 +136,9 @@ def run_start(
     The run executes (and always replays) the pipeline's active revision as it is now, or
     ``revision`` (a draft: a revision that is not active); a pipeline installed on the workers
     has none.
+
+    ``cause`` and ``trigger``: why it starts, when not a person (``actor``) started it
+    (apps/pipelines/causes.py).
     """
     if idempotency_key is not None:
         idempotency_key_check(idempotency_key)
@@ -181,6 +191,8 @@ def run_start(
             actor=actor,
             idempotency_key=idempotency_key,
             revision=pinned,
+            cause=cause,
+            trigger=trigger,
         )
     return run
 
