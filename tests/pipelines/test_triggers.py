@@ -375,6 +375,11 @@ def tick(ctx: Context, inputs: In) -> str:
 """
 
 
+def beat_dir(base: Path, name: str) -> Path:
+    (base / name).mkdir()
+    return base / name
+
+
 def instants() -> list[str]:
     return [r.cause["instant"] for r in Run.objects.filter(pipeline__name="t-tick").order_by("created_at")]
 
@@ -387,11 +392,11 @@ def test_cron_fires_once_per_instant_with_two_beats_and_across_a_restart(
     api: APIClient, tmp_path: Path, workers: Any
 ) -> None:
     pushed(api, tmp_path, EVERY_SECOND.format(missed="skip"))
-    with running_beat(tmp_path / "one"), running_beat(tmp_path / "two"):
+    with running_beat(beat_dir(tmp_path, "one")), running_beat(beat_dir(tmp_path, "two")):
         wait_for(lambda: len(instants()) >= 4, timeout=30, what="four instants fired with two beats running")
     assert_once_each(instants())
     before = len(instants())
-    with running_beat(tmp_path / "again"):  # restarted at once: nothing missed, nothing twice
+    with running_beat(beat_dir(tmp_path, "again")):  # restarted at once: nothing missed, nothing twice
         wait_for(lambda: len(instants()) >= before + 3, timeout=30, what="instants fired after the restart")
     seen = instants()
     assert_once_each(seen)
@@ -421,13 +426,13 @@ def test_instants_missed_while_beat_was_down_follow_the_policy(
 ) -> None:
     pushed(api, tmp_path, EVERY_SECOND.format(missed=policy))
     trigger = Trigger.objects.get(name="cron")
-    with running_beat(tmp_path / "first"):
+    with running_beat(beat_dir(tmp_path, "first")):
         wait_for(lambda: len(instants()) >= 1, timeout=30, what="a first instant")
     down_at = time.monotonic()
     before = len(instants())
     # Down for longer than GRAPHENE_CRON_MISSED_AFTER_SECONDS (3 s in tests): the next instant is missed.
     wait_for(lambda: time.monotonic() - down_at > 5, timeout=10, what="the scheduler to stay down 5 s")
-    with running_beat(tmp_path / "second"):
+    with running_beat(beat_dir(tmp_path, "second")):
         reason = "MissedSkipped" if policy == "skip" else "MissedFiredLatest"
         wait_for(lambda: trigger.events.filter(reason=reason).exists(), timeout=30, what=f"a {reason} event")
         wait_for(lambda: len(instants()) >= before + 2, timeout=30, what="instants after the outage")
