@@ -219,7 +219,8 @@ class RunInfo:
     ``journal`` is filled by ``runs.get`` (at most the first 1000 calls,
     ``journal_truncated`` says if there are more), empty otherwise. ``namespace`` is its
     pipeline's. ``revision`` is the digest of the pipeline code it runs and replays (None: the
-    code installed on the workers)."""
+    code installed on the workers). ``cause`` says why it started (``{"type": "user"|"parent"|
+    "upstream"|"cron"|"webhook", ...}``), ``cause_text`` in one line."""
 
     id: str
     pipeline: str
@@ -242,6 +243,8 @@ class RunInfo:
     parent: str | None = None
     namespace: str = "default"
     revision: str | None = None
+    cause: dict[str, Any] = field(default_factory=dict)
+    cause_text: str = ""
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> RunInfo:
@@ -269,6 +272,8 @@ class RunInfo:
             parent=_str_or_none(run.get("parent")),
             namespace=str(run.get("namespace") or "default"),
             revision=_str_or_none(run.get("revision")),
+            cause=_dict(run.get("cause")),
+            cause_text=str(run.get("cause_text") or ""),
         )
 
     @property

@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 import urllib3
 from django.test import Client, override_settings
+from graphene_sdk import Client as GrapheneClient
 from graphene_sdk import _delivery
 from rest_framework.test import APIClient
 
+from apps.pipelines import services
 from apps.pipelines.models import Pipeline, PipelineEvent, Run, Trigger, TriggerEvent, TriggerFiring
 from apps.pipelines.services import triggers
 from apps.secrets import services as secrets
+from tests import factories
 from tests.conftest import running_beat, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -260,7 +263,7 @@ def hooked(api: APIClient, tmp_path: Path, user: Any) -> Trigger:
 
 
 def test_a_signed_delivery_over_the_real_server_starts_one_run_with_the_body_as_event(
-    hooked: Trigger, web: Any, workers: Any
+    hooked: Trigger, web: Any, workers: Any, user: Any
 ) -> None:
     body = json.dumps({"ref": "refs/heads/main", "after": "abc123"}).encode()
     http = urllib3.PoolManager(ca_certs=str(web.ca_file))
@@ -278,6 +281,9 @@ def test_a_signed_delivery_over_the_real_server_starts_one_run_with_the_body_as_
     assert run.outputs == {"version": "refs/heads/main"}
     assert run.inputs["event"] == {"ref": "refs/heads/main", "after": "abc123"}
     assert run.cause == {"type": "webhook", "trigger": "push", "delivery": "d-1", "event": "push"}
+    seen = GrapheneClient(web.url, token=factories.api_token(user), ca_file=web.ca_file).runs.get(str(run.pk))
+    assert seen.cause["delivery"] == "d-1"
+    assert seen.cause_text == "webhook push delivery d-1 (trigger push)"
     again = http.request("POST", f"{web.url}/hooks/t-deploy/push", body=body, headers=headers)
     assert again.status == 200
     assert json.loads(again.data) | {"status": "started"} == answer | {"replayed": True}
@@ -444,3 +450,35 @@ def test_instants_missed_while_beat_was_down_follow_the_policy(
     missed_first, missed_latest = (datetime.fromisoformat(event.data[k]) for k in ("first", "latest"))
     in_outage = [s for s in after if missed_first <= s <= missed_latest]
     assert in_outage == ([] if policy == "skip" else [missed_latest]), (policy, seen, event.data)
+
+
+def test_triggers_of_code_installed_on_the_workers_are_reconciled_when_it_is_synced() -> None:
+    from graphene_sdk import Pipeline as Definition
+    from graphene_sdk import cron, upstream
+    from pydantic import BaseModel
+
+    class In(BaseModel):
+        pass
+
+    def flow(ctx: Any, inputs: In) -> None:
+        pass
+
+    def installed(*declared: Any) -> Definition[Any, Any]:
+        return Definition(name="t-installed", fn=flow, inputs=In, output=None, triggers=declared)
+
+    row = services.pipeline_sync(installed(cron("0 3 * * *", name="nightly")))
+    trigger = Trigger.objects.get(pipeline=row)
+    assert trigger.name == "nightly"
+    assert trigger.next_fire_at is not None
+    services.pipeline_sync(installed(cron("0 3 * * *", name="nightly")))
+    assert Trigger.objects.get(pipeline=row).pk == trigger.pk, "unchanged code changes nothing"
+    with pytest.raises(triggers.TriggersRefused, match="t-installed → t-installed"):
+        services.pipeline_sync(installed(upstream("t-installed")))
+    assert Trigger.objects.get(pipeline=row).pk == trigger.pk, "refused code left the triggers as they were"
+    assert Pipeline.objects.get(pk=row.pk).trigger_specs == [trigger.spec]
+    services.pipeline_sync(installed())
+    assert not Trigger.objects.filter(pipeline=row).exists()
+    assert PipelineEvent.objects.filter(pipeline=row).values_list("reason", flat=True)[::1] == [
+        "TriggerCreated",
+        "TriggerDeleted",
+    ]
