@@ -249,7 +249,7 @@ def signed(body: bytes, secret: str = HOOK_SECRET) -> str:
 
 
 def deliver(client: Client, body: bytes, *, delivery: str, signature: str | None, **headers: str) -> Any:
-    extra = {"HTTP_X_GITHUB_DELIVERY": delivery, "HTTP_X_GITHUB_EVENT": "push", **headers}
+    extra: dict[str, Any] = {"HTTP_X_GITHUB_DELIVERY": delivery, "HTTP_X_GITHUB_EVENT": "push", **headers}
     if signature is not None:
         extra["HTTP_X_HUB_SIGNATURE_256"] = signature
     return client.post("/hooks/t-deploy/push", body, content_type="application/json", **extra)
