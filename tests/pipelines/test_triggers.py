@@ -478,7 +478,13 @@ def test_triggers_of_code_installed_on_the_workers_are_reconciled_when_it_is_syn
     assert Pipeline.objects.get(pk=row.pk).trigger_specs == [trigger.spec]
     services.pipeline_sync(installed())
     assert not Trigger.objects.filter(pipeline=row).exists()
+    services.pipeline_sync(installed(cron("0 3 * * *", name="nightly")))
+    assert Trigger.objects.filter(pipeline=row).exists()
+    services.pipelines_sync_all()  # its code is not installed (any more): its triggers go
+    assert not Trigger.objects.filter(pipeline=row).exists()
     assert PipelineEvent.objects.filter(pipeline=row).values_list("reason", flat=True)[::1] == [
+        "TriggerCreated",
+        "TriggerDeleted",
         "TriggerCreated",
         "TriggerDeleted",
     ]

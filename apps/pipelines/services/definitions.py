@@ -17,6 +17,7 @@ from apps.core.errors import NotFound
 from apps.core.models import Namespace
 from apps.pipelines.delivery import loader, local
 from apps.pipelines.models import Pipeline, PipelineEvent, Revision, Run
+from apps.pipelines.services import triggers
 
 _load_lock = threading.Lock()
 _loaded = False
@@ -102,8 +103,6 @@ def _pipeline_fields(definition: Definition[Any, Any]) -> dict[str, Any]:
 def _triggers_sync(row: Pipeline) -> None:
     """Installed code declared other triggers than the row's: reconcile them (refused, with the
     reason, when they cannot work or would form a cycle)."""
-    from apps.pipelines.services import triggers
-
     specs = triggers.specs_check(row.name, row.trigger_specs, row.input_schema)
     triggers.cycle_check({row.name: specs})
     PipelineEvent.objects.bulk_create(triggers.triggers_reconcile(row, specs))
@@ -149,6 +148,10 @@ def pipelines_sync_all() -> list[Pipeline]:
     existing = {p.name: p for p in Pipeline.objects.filter(name__in=[name for name, _ in definitions])}
     rows = [pipeline_sync(d, row=existing.get(name)) for name, d in definitions]
     stale = Pipeline.objects.exclude(pk__in=[r.pk for r in rows]).filter(is_loaded=True, revision__isnull=True)
+    for row in stale.exclude(trigger_specs=[]):  # code that is gone starts nothing any more
+        with transaction.atomic():
+            PipelineEvent.objects.bulk_create(triggers.triggers_reconcile(row, []))
+            Pipeline.objects.filter(pk=row.pk).update(trigger_specs=[])
     stale.update(is_loaded=False)
     return rows
 
