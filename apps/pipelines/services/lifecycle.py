@@ -262,7 +262,6 @@ def run_finish(
             },
         )
         RunWait.objects.filter(run=run).delete()
-        triggers.upstream_ended(run)
         if run.record_id is not None:
             root = Record.objects.filter(pk=run.record_id).first()
             if root is not None and root.phase != Phase.DELETED:
@@ -281,6 +280,8 @@ def run_finish(
             transaction.on_commit(lambda: runs_wake(targets=targets))  # the parent waits on its children
         elif run.pipeline.concurrency == "queue":
             _promote_next_in_line(run.pipeline_id)
+        # Last: after any pipeline row lock above, as activation takes them (pipelines, then triggers).
+        triggers.upstream_ended(run)
     return True
 
 

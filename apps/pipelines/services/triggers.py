@@ -321,14 +321,16 @@ def firing_process(firing_id: int) -> TriggerFiring | None:
             trace = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
             problem = f"its inputs function raised {type(exc).__name__}: {exc}\n{trace}"
     with transaction.atomic():
+        # Locks in activation's order (the pipeline's row, then its triggers and their firings).
+        Pipeline.objects.select_for_update().filter(pk=trigger.pipeline_id).first()
         locked = (
             TriggerFiring.objects.select_for_update(skip_locked=True)
             .filter(pk=firing.pk, status=FiringStatus.PENDING)
             .first()
         )
-        if locked is None:  # another process has it, or had it
+        if locked is None:  # another process has it, or had it (or the trigger went with its code)
             return TriggerFiring.objects.filter(pk=firing.pk).first()
-        trigger = Trigger.objects.select_for_update().select_related("pipeline").get(pk=trigger.pk)
+        trigger = Trigger.objects.select_related("pipeline").get(pk=trigger.pk)
         what = _cause_words(firing.cause)
         if trigger.paused:
             _firing_end(locked, FiringStatus.SKIPPED, error="the trigger is paused")
