@@ -30,6 +30,9 @@ from apps.core import access
 from apps.core.models import RoleBinding
 from apps.pipelines import services as pipelines
 from apps.pipelines.delivery import revisions, sources
+from apps.pipelines.models import Pipeline as PipelineRow
+from apps.pipelines.models import Trigger as TriggerRow
+from apps.pipelines.services import triggers
 from apps.records import services as records
 from apps.records.models import Record
 from apps.secrets import services as secrets
@@ -148,6 +151,7 @@ class Place:
     revision: str  # the digest of a revision of the namespace
     archive: bytes  # pipeline code not pushed yet (a tar.gz)
     source: str  # a git source of the namespace (its repository is never reached: see the routes)
+    trigger: str  # the id of a (daily) cron trigger of the pipeline
 
 
 def _code(namespace: str, name: str) -> Path:
@@ -178,6 +182,9 @@ def _place(namespace: str, pipeline: str) -> Place:
     source = sources.source_apply(
         namespace=namespace, name=f"src-{namespace}", url="git://127.0.0.1:9/app.git", ref="main", actor=None
     ).source
+    row = PipelineRow.objects.get(name=pipeline)
+    nightly = {"name": "nightly", "type": "cron", "schedule": "0 3 * * *", "timezone": "UTC", "inputs": {}}
+    triggers.triggers_reconcile(row, [nightly])
     return Place(
         namespace,
         stand,
@@ -193,6 +200,7 @@ def _place(namespace: str, pipeline: str) -> Place:
         revision.revision.digest,
         archive,
         source.name,
+        str(TriggerRow.objects.get(pipeline=row).pk),
     )
 
 
@@ -238,6 +246,11 @@ def _routes(p: Place) -> list[tuple[str, str, Any]]:
         ("POST", f"/api/v1/pipelines/{p.pipeline}/runs/", {"inputs": {"steps": 0}}),
         ("POST", f"/api/v1/pipelines/{p.pipeline}/activate/", {"revision": p.revision}),
         ("GET", f"/api/v1/pipelines/{p.pipeline}/events/", None),
+        ("GET", "/api/v1/triggers/", None),
+        ("GET", f"/api/v1/triggers/{p.trigger}/", None),
+        ("GET", f"/api/v1/triggers/{p.trigger}/events/", None),
+        ("POST", f"/api/v1/triggers/{p.trigger}/pause/", None),
+        ("POST", f"/api/v1/triggers/{p.trigger}/resume/", None),
         ("GET", "/api/v1/revisions/", None),
         ("GET", f"/api/v1/revisions/{p.revision}/", None),
         ("POST", f"/api/v1/revisions/?namespace={p.namespace}", p.archive),
