@@ -56,7 +56,7 @@ def _where(name: str, revision: Revision | None) -> tuple[dict[str, Any], dict[s
     """The code to import (part of the request), the environment, the directory to run in and
     the revision planned (``None``: code installed on the workers)."""
     if revision is None and name in pipelines_load():
-        request = {"modules": list(settings.GRAPHENE_PIPELINE_MODULES), "path": list(sys.path)}
+        request: dict[str, Any] = {"modules": list(settings.GRAPHENE_PIPELINE_MODULES), "path": list(sys.path)}
         return request, dict(os.environ), os.getcwd(), None
     if revision is None:
         row = Pipeline.objects.select_related("revision").filter(name=name, revision__isnull=False).first()
