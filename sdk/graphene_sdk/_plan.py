@@ -60,6 +60,7 @@ MAX_ENTRIES = 2000
 _ID = re.compile(r"\brid\d{5}")
 _SOURCE = re.compile(r"<([^<>]+?): [^<>]*>")
 _SHOWN_CHARS = 200
+_REVISIONS = "graphene_revisions."  # graphene_sdk._delivery.PACKAGE_ROOT, without importing it
 
 Plan = dict[str, Any]
 
@@ -87,7 +88,10 @@ def _shown(value: Any) -> Any:
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    module = str(getattr(fn, "__module__", "?"))
+    if module.startswith(_REVISIONS):  # a revision's package: its module as the tree names it
+        module = module.split(".", 2)[-1]
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 class PlanWorld(World):
