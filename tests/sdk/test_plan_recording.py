@@ -28,9 +28,9 @@ def _line(marker: str) -> int:
 def cases(ctx: Context, inputs: In) -> None:
     db = ctx.declare("test.sleep", "db")
     outputs = db.ready()
-    host = outputs.get("host")
-    port = outputs["port"]
-    url = f"postgres://{host}:{port}/{outputs.database.lower()}"
+    host = outputs["host"]
+    port = outputs.get("port")
+    url = f"postgres://{host}:{port}/{outputs['database'].lower()}"
     ctx.declare("test.sleep", "app", {"url": url, "first": host.split(".")[0]}, parent=db)
     if inputs.case == "truthy" and not host:  # case truthy
         raise RuntimeError("unreachable in a plan")
@@ -46,7 +46,7 @@ def cases(ctx: Context, inputs: In) -> None:
         for _ in ctx.step("list", list):  # case iterate
             pass
     if inputs.case == "number":
-        ctx.sleep(timedelta(seconds=int(port)))  # case number
+        ctx.sleep(timedelta(seconds=int(outputs["port"])))  # case number
     if inputs.case == "raise-with":
         raise ValueError(f"bad port {port}")  # case raise-with
     if inputs.case == "raise":
