@@ -4,21 +4,26 @@
 sends it; the server describes it in a fresh process and stores it as an immutable revision
 (the same files are the same revision), activating its pipelines unless told not to.
 ``activate`` points a pipeline at a revision (an older one: a rollback), ``revisions`` lists
-them and ``history`` shows a pipeline's activations and rollbacks.
+them and ``history`` shows a pipeline's activations and rollbacks. ``plan`` shows what a run
+would do, without doing it.
 """
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from graphene_sdk._retry import retrying
 
+from graphenectl import _plan
+from graphenectl._cmd_run import check_inputs, complete_pipeline, draft_definition
+from graphenectl._cmd_write import read_document
 from graphenectl._errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError, UsageError
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt, OutputOpt
-from graphenectl._output import Column, Format, emit, info, note
+from graphenectl._output import Column, Format, emit, info, note, print_unwrapped, to_json, warn, write
 from graphenectl._resources import (
     PIPELINE_COLUMNS,
     RESOURCES,
@@ -42,7 +47,7 @@ PUSH_CAP_BYTES = 512 * 1024**2
 pipeline_app = typer.Typer(
     name="pipeline",
     help="Deliver pipeline code: push a directory as a revision, activate or roll back a revision, "
-    "list revisions and a pipeline's history.",
+    "list revisions and a pipeline's history; plan what a run would do.",
     no_args_is_help=True,
 )
 
@@ -271,6 +276,104 @@ def history(
         info(f"no activations of {name!r} yet")
         return
     emit(events, output, columns=HISTORY_COLUMNS, name_of=lambda e: f"event/{e['id']}")
+
+
+class PlanFormat(StrEnum):
+    text = "text"
+    json = "json"
+    mermaid = "mermaid"
+
+
+# The server imports the code and runs the pipeline's function before it answers (at most
+# GRAPHENE_PLAN_TIMEOUT_SECONDS): more time than a read takes.
+PLAN_TIMEOUT_SECONDS = 120.0
+
+
+@pipeline_app.command("plan")
+def plan(
+    name: Annotated[str, typer.Argument(metavar="PIPELINE", help="the pipeline", autocompletion=complete_pipeline)],
+    input_: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="NAME=VALUE, coerced by the input's type (repeatable; a.b=v nests)"),
+    ] = None,
+    inputs_file: Annotated[
+        str | None, typer.Option("--inputs", help="a JSON/YAML file of inputs, or - for stdin (--input wins)")
+    ] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option(
+            "--revision",
+            metavar="REF",
+            help="plan this revision (an id or at least 7 digits of its digest) instead of the active one",
+        ),
+    ] = None,
+    output: Annotated[
+        PlanFormat,
+        typer.Option(
+            "--output",
+            "-o",
+            case_sensitive=False,
+            help="text (the tree of records, then the calls in order) | json (the API's answer) | "
+            "mermaid (a flowchart: ownership and dependencies)",
+        ),
+    ] = PlanFormat.text,
+) -> None:
+    """Show what a run of PIPELINE with these inputs would do, without doing it: nothing is
+    created, started or written.
+
+    The server runs the pipeline's code in a recording pass: every declaration (kind, name,
+    owner, spec with secret names only), wait, step, child run (planned too) and agent call
+    (exec, put_file, get_file, run), in order. Where the run would read a value from outside
+    (a record's outputs, a step's result, a command's output) the plan shows a placeholder,
+    such as <docker.container db: outputs.address>, carried into later calls. The plan is the
+    path on which everything succeeds (commands exit 0); code that branches on a placeholder
+    stops the plan there (it says where), and code that raises is an error with its traceback.
+
+    Inputs are checked against the pipeline's schema before anything is sent, as for
+    `run start`.
+
+    Examples:
+
+      graphenectl pipeline plan environment -i replicas=3
+
+      graphenectl pipeline plan release --inputs inputs.yaml -o json
+
+      graphenectl pipeline plan hello --revision 1a2b3c4d5e6f -o mermaid > plan.mmd
+    """
+    client = session.client()
+    ref = revision_ref(revision) if revision else None
+    definition = draft_definition(name, ref) if ref else client.get(f"pipelines/{name}/")
+    base = read_document(inputs_file, option="--inputs") if inputs_file else {}
+    inputs = check_inputs(definition, {} if base is None else base, input_ or [], nothing="nothing was planned")
+    body: dict[str, Any] = {"inputs": inputs}
+    if ref:
+        body["revision"] = ref
+    try:
+        answer: dict[str, Any] = client.post(f"pipelines/{name}/plan/", body, timeout=PLAN_TIMEOUT_SECONDS)
+    except CliError as exc:
+        if exc.code in ("plan_failed", "plan_timeout"):
+            first, _, rest = exc.message.partition("\n")
+            if rest.strip():
+                info(rest.rstrip())  # the pipeline's traceback
+            raise CliError(
+                f"pipeline {name} cannot be planned: {first}",
+                exit_code=EXIT_USAGE,
+                hint="fix the code, or plan with inputs it accepts; nothing was created",
+            ) from None
+        raise
+    if output is PlanFormat.json:
+        write(to_json(answer))
+    elif output is PlanFormat.mermaid:
+        write(_plan.mermaid(answer))
+    else:
+        write(_plan.headline(answer))
+        for root in _plan.tree(answer):
+            print_unwrapped(root)
+        write("calls, in order:")
+        for line in _plan.calls(answer) or ["  (none)"]:
+            write(line)
+    if not answer.get("complete"):
+        warn(_plan.stopped_line(answer))
 
 
 __all__ = ["pipeline_app"]

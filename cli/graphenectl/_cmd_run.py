@@ -109,7 +109,9 @@ def draft_definition(pipeline: str, ref: str) -> dict[str, Any]:
     return dict(entry)
 
 
-def check_inputs(pipeline: dict[str, Any], base: Any, pairs: list[str]) -> dict[str, Any]:
+def check_inputs(
+    pipeline: dict[str, Any], base: Any, pairs: list[str], *, nothing: str = "nothing was started"
+) -> dict[str, Any]:
     """Coerce and validate against the pipeline's schema; every problem at once, nothing sent."""
     schema = pipeline.get("input_schema") or {}
     if not isinstance(base, dict):
@@ -120,7 +122,7 @@ def check_inputs(pipeline: dict[str, Any], base: Any, pairs: list[str]) -> dict[
             errors[path] = messages
     if errors:
         raise UsageError(
-            f"inputs for pipeline {pipeline['name']!r} do not match its schema; nothing was started",
+            f"inputs for pipeline {pipeline['name']!r} do not match its schema; {nothing}",
             fields=errors,
             hint=f"graphenectl run inputs {pipeline['name']}",
         )

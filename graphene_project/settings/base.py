@@ -374,6 +374,9 @@ GRAPHENE_REVISION_MAX_BYTES = env.integer("GRAPHENE_REVISION_MAX_BYTES", 50 * 10
 GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS = env.integer("GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS", 60)
 GRAPHENE_REVISION_CACHE_SIZE = env.integer("GRAPHENE_REVISION_CACHE_SIZE", 16)
 GRAPHENE_REVISION_DIR = Path(env.string("GRAPHENE_REVISION_DIR", str(DATA_DIR / "revisions")) or "")
+# Plans (docs/pipelines.md, "Plans"): how long a plan's recording pass, which imports the code
+# and runs the pipeline's function in a fresh process, may take before it is stopped.
+GRAPHENE_PLAN_TIMEOUT_SECONDS = env.integer("GRAPHENE_PLAN_TIMEOUT_SECONDS", 20)
 # A worker executing a run renews its lease every third of this; a dead worker's run is
 # resumed elsewhere once it expires.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import urllib.parse
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -168,6 +168,39 @@ class Client:
             ),
             retryable=_retryable,
         )
+
+    def plan(
+        self,
+        pipeline: Pipeline[Any, Any] | str,
+        inputs: BaseModel | Mapping[str, Any] | None = None,
+        *,
+        revision: str | None = None,
+    ) -> dict[str, Any]:
+        """What a run of ``pipeline`` (a ``Pipeline`` or its name) with ``inputs`` would do,
+        without doing it: ``POST /api/v1/pipelines/{name}/plan/`` (docs/pipelines.md, "Plans").
+
+        The answer is the API's JSON: ``entries`` (the calls the run would make, in order, with
+        placeholders such as ``<docker.container db: outputs.address>`` where it would read a
+        value from outside), ``tree`` (the records it would own), ``complete`` and ``stopped``.
+        ``revision``: plan that revision (id or digest prefix) instead of the active one.
+        ``ClientError`` 400 for inputs that do not match the schema, 422 when the code raises.
+        """
+        name = pipeline if isinstance(pipeline, str) else pipeline.name
+        if isinstance(inputs, BaseModel):
+            if not isinstance(pipeline, str) and not isinstance(inputs, pipeline.inputs):
+                raise TypeError(f"{name} takes {pipeline.inputs.__name__}, not {type(inputs).__name__}")
+            document: Any = inputs.model_dump(mode="json")
+        else:
+            document = dict(inputs or {})
+        body: dict[str, Any] = {"inputs": document}
+        if revision is not None:
+            body["revision"] = revision
+        path = f"pipelines/{urllib.parse.quote(name)}/plan/"
+        # A plan changes nothing: safe to send again after a connection error or a 5xx.
+        answer: dict[str, Any] = retrying(
+            lambda: self._transport.request("POST", path, body=body), retryable=_retryable
+        )
+        return answer
 
     def get(self, run_id: str) -> RunInfo:
         """``runs.get``: the run with its journal."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphene_sdk._artifacts import ArtifactRef, artifact_name_error
 from graphene_sdk._handles import Agent, Attached, AttachedAgent, Need, Resource, T, _host_key, _needs, _seconds
+from graphene_sdk._placeholder import Placeholder
 from graphene_sdk._runtime import DriftPolicy, Guarantee, Runtime
 from graphene_sdk._secrets import SecretRef, encode_secret_refs
 
@@ -291,8 +292,9 @@ class Context:
         dumped = [item.model_dump(mode="json") for item in inputs]
         outputs = self._runtime.run_children(pipeline, dumped, concurrency)
         model: type[BaseModel] | None = pipeline.output
+        # A plan's recording pass answers placeholders (``_placeholder``): passed on as they are.
         results: list[OutputT] = [
-            model.model_validate(o) if model is not None and o is not None else o  # type: ignore[misc]
+            model.model_validate(o) if model is not None and o is not None and not isinstance(o, Placeholder) else o  # type: ignore[misc]
             for o in outputs
         ]
         return results

@@ -244,6 +244,7 @@ def _routes(p: Place) -> list[tuple[str, str, Any]]:
         ("GET", "/api/v1/pipelines/", None),
         ("GET", f"/api/v1/pipelines/{p.pipeline}/", None),
         ("POST", f"/api/v1/pipelines/{p.pipeline}/runs/", {"inputs": {"steps": 0}}),
+        ("POST", f"/api/v1/pipelines/{p.pipeline}/plan/", {"inputs": {"steps": 0}}),
         ("POST", f"/api/v1/pipelines/{p.pipeline}/activate/", {"revision": p.revision}),
         ("GET", f"/api/v1/pipelines/{p.pipeline}/events/", None),
         ("GET", "/api/v1/triggers/", None),
@@ -385,6 +386,9 @@ def test_a_viewer_reads_and_cannot_write(places: dict[str, Place], django_user_m
             refused = "/secrets/" in path or "/orphans/" in path or "/accounts/" in path or "/audit/" in path
             expected = {403} if refused else {200}
             assert response.status_code in expected, (path, response.status_code, response.content[:200])
+        elif path.endswith("/plan/"):
+            # A plan does nothing and writes nothing: who may see the pipeline may plan it.
+            assert response.status_code == 200, (method, path, response.status_code, response.content[:200])
         else:
             assert response.status_code == 403, (method, path, response.status_code, response.content[:200])
     assert (Record.objects.count(), RoleBinding.objects.count()) == before

@@ -228,6 +228,47 @@ class RunStartInput(StrictInput):
     )
 
 
+class PlanInput(StrictInput):
+    inputs = _Inputs(
+        required=False, default=dict, help_text="the pipeline's inputs, checked strictly against its schema"
+    )
+    revision = serializers.CharField(
+        required=False,
+        max_length=80,
+        help_text="plan this revision (id or digest prefix) instead of the pipeline's active one (a draft)",
+    )
+
+
+class PlanOutput(serializers.Serializer[Any]):
+    """What a run would do, recorded without doing it (docs/pipelines.md, "Plans")."""
+
+    pipeline = serializers.CharField()
+    namespace = serializers.CharField()
+    revision = serializers.CharField(
+        allow_null=True, help_text="the digest of the revision planned; null: code installed on the workers"
+    )
+    inputs = serializers.JSONField(help_text="the inputs as validated (defaults filled in), as a start stores them")
+    complete = serializers.BooleanField(
+        help_text="false: the plan stopped early (it needed a value read from outside, or grew too long)"
+    )
+    stopped = serializers.JSONField(
+        allow_null=True, help_text="why and where the plan stopped: {reason, where (file:line), placeholder}"
+    )
+    entries = serializers.ListField(
+        child=serializers.JSONField(),
+        help_text="the calls the run would make, in order: {seq, run, op, ...}; op is declare, ready, step, run, "
+        "exec, put_file, get_file, call, to_stand, delete, sleep, log, assume, attach, attach_agent, "
+        "select_agents, agent_install, publish_capability, publish_artifact or attach_artifact; `uses` names "
+        "the entries whose values it reads",
+    )
+    tree = serializers.ListField(
+        child=serializers.JSONField(),
+        help_text="the run, then the stands, each {ref, kind, name, children}: the records they would own when "
+        "the code returns (child runs under their run)",
+    )
+    output = serializers.JSONField(allow_null=True, help_text="what the pipeline would return (with placeholders)")
+
+
 class SourceOutput(serializers.ModelSerializer):
     """A git source: where a namespace's pipeline code comes from, and what it synced last."""
 

@@ -19,6 +19,8 @@ from apps.pipelines.api.serializers import (
     ActivateInput,
     PipelineEventOutput,
     PipelineOutput,
+    PlanInput,
+    PlanOutput,
     RunDetailOutput,
     RunEventOutput,
     RunOutput,
@@ -27,6 +29,7 @@ from apps.pipelines.api.serializers import (
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.delivery import revisions
 from apps.pipelines.models import Pipeline, Run
+from apps.pipelines.services.plan import pipeline_plan
 
 JOURNAL_LIMIT = 1000
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -50,6 +53,8 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
         "start": ("start", "runs"),
         "activate": "update",
         "events": "get",
+        # A plan does nothing and writes nothing: who may see the pipeline may see its plan.
+        "plan": "get",
     }
     queryset = Pipeline.objects.none()
     lookup_field = "name"
@@ -101,6 +106,24 @@ class PipelineViewSet(DoorChecks, viewsets.GenericViewSet):
         # The answer is built from the committed run alone: nothing after the commit can fail it.
         headers = {"Idempotent-Replayed": "true"} if getattr(run, "replayed", False) else {}
         return Response(RunOutput(run).data, status=status.HTTP_201_CREATED, headers=headers)
+
+    @extend_schema(request=PlanInput, responses={200: PlanOutput, 422: None})
+    @action(detail=True, methods=["post"])
+    def plan(self, request: Request, name: str) -> Response:
+        """What a run with these inputs would do, without doing it: its declarations (kinds, names,
+        owners), steps, child runs and agent calls in order, with placeholders where it would read
+        a value from outside, and the tree of its records. Inputs are checked as a start checks
+        them (400 per field); code that raises or takes too long is a 422. Nothing is written."""
+        data = PlanInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        draft = data.validated_data.get("revision")
+        answer = pipeline_plan(
+            name=name,
+            inputs=data.validated_data["inputs"],
+            actor=request.user,
+            revision=revisions.revision_find(user=request.user, ref=draft) if draft else None,
+        )
+        return Response(PlanOutput(answer).data)
 
     @extend_schema(request=ActivateInput, responses=PipelineOutput)
     @action(detail=True, methods=["post"])

@@ -1,8 +1,12 @@
 """Pipelines: each with its schemas, concurrency policy, recent runs, success rate and stand;
-a pipeline's page starts a run from a form generated from its input schema."""
+a pipeline's page starts a run from a form generated from its input schema, and shows the
+plan of a run (what it would do, without doing it) for the default inputs, or for the
+form's inputs when its Plan button is pressed."""
 
 from __future__ import annotations
 
+import json
+import shlex
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +18,7 @@ from django.utils import timezone
 from apps.core.errors import GrapheneError, ValidationFailed
 from apps.pipelines import selectors, services
 from apps.pipelines.delivery import sources
+from apps.pipelines.services.plan import pipeline_plan
 from apps.studio.forms import form_fields, has_errors, inputs_from_post, show_errors
 from apps.studio.views.common import render
 
@@ -42,6 +47,74 @@ def pipeline_list(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     return render(request, site, "studio/pipelines.html", context, title="Pipelines")
 
 
+def _plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan's tree as rows with their depth (``data-level``: the page's CSP allows no style)."""
+    rows: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any], level: int) -> None:
+        kind = node["kind"]
+        if kind == "graphene.run":
+            label = ("run " if node["ref"] == "run" else "child run ") + node["name"]
+        elif kind == "graphene.stand":
+            label = f"stand {node['name']}"
+        else:
+            label = f"{kind}/{node['name']}"
+        rows.append({"level": level, "label": label, "ref": node["ref"], "kind": kind, "node": node})
+        for child in node.get("children", []):
+            walk(child, level + 1)
+
+    for root in plan["tree"]:
+        walk(root, 0)
+    return rows
+
+
+def _call_text(entry: dict[str, Any]) -> str:
+    """One call of a plan in a line: what it is about, and the values it carries."""
+    op = entry["op"]
+    subject = entry.get("ref") or entry.get("target") or ""
+    if op == "declare":
+        return f"{entry['kind']}/{entry['name']} (owner: {entry['owner']}) {json.dumps(entry.get('spec') or {})}"
+    if op == "step":
+        return f"{entry['name']}: {entry['function']}({', '.join(json.dumps(a) for a in entry.get('args', []))})"
+    if op == "exec":
+        return f"on {entry['agent']}: {shlex.join(entry['argv'])} (assumed: {entry['assumed']})"
+    if op == "run":
+        return f"{entry['pipeline']} with {json.dumps(entry['inputs'])}"
+    if op == "log":
+        return str(entry["message"])
+    if op == "assume":
+        return f"{entry['value']} is {entry['assumed']} at {entry['where']}"
+    if op == "to_stand":
+        return f"{subject} to the {entry['stand']}" + (f" for {entry['keep_for']:g} s" if entry.get("keep_for") else "")
+    if op == "sleep":
+        return f"{entry['seconds']:g} s"
+    rest = {k: v for k, v in entry.items() if k not in ("seq", "run", "op", "uses", "ref", "target")}
+    return f"{subject} {json.dumps(rest)}".strip()
+
+
+def _plan_context(request: HttpRequest, name: str, inputs: dict[str, Any] | None, fields: Any) -> dict[str, Any]:
+    """The plan shown on the page: for ``inputs`` (the form's, or ``{}``: the defaults); their
+    errors on the form's fields when they were posted (``fields``), else a word of help."""
+    context: dict[str, Any] = {"plan": None, "plan_problems": [], "plan_posted": fields is not None}
+    if inputs is None:  # the form's own checks refused them: the fields say why
+        return context
+    try:
+        plan = pipeline_plan(name=name, inputs=inputs, actor=request.user)
+    except ValidationFailed as exc:
+        if fields is not None:
+            context["plan_problems"] = show_errors(fields, exc.fields) or ([] if has_errors(fields) else [exc.detail])
+        else:
+            context["plan_problems"] = ["The default inputs are not enough: give the inputs above and press Plan."]
+        return context
+    except GrapheneError as exc:
+        context["plan_problems"] = [exc.detail]
+        return context
+    context["plan"] = plan
+    context["plan_rows"] = _plan_rows(plan)
+    context["plan_calls"] = [{**e, "text": _call_text(e)} for e in plan["entries"]]
+    return context
+
+
 def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> HttpResponse:
     try:
         definition = services.definition_get(name, user=request.user)
@@ -50,7 +123,12 @@ def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> Http
     pipeline = services.pipeline_sync(definition)
     fields = form_fields(pipeline.input_schema)
     problems: list[str] = []
-    if request.method == "POST":
+    planning = request.method == "POST" and "plan" in request.POST
+    plan_inputs: dict[str, Any] | None = {}  # the defaults
+    if planning:
+        inputs = inputs_from_post(fields, request.POST)
+        plan_inputs = None if has_errors(fields) else inputs
+    elif request.method == "POST":
         inputs = inputs_from_post(fields, request.POST)
         if not has_errors(fields):
             try:
@@ -75,4 +153,5 @@ def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> Http
     history = list(pipeline.events.select_related("actor").order_by("-id")[:HISTORY])
     context["history"] = history
     context["activated_at"] = history[0].created_at if history else None
+    context.update(_plan_context(request, pipeline.name, plan_inputs, fields if planning else None))
     return render(request, site, "studio/pipeline.html", context, title=pipeline.name)

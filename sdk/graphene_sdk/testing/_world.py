@@ -173,7 +173,7 @@ class World(Machines):
         self._runs[run.run_id] = run
         if parent is not None:
             parent.children.append(run)
-        runtime = WorldRuntime(self, run, pipeline)
+        runtime = self._runtime_for(run, pipeline)
         status: RunStatus
         try:
             value = pipeline.fn(Context(runtime), inputs)
@@ -193,6 +193,10 @@ class World(Machines):
             run.output = run.output_json
         self._finish(run, status, pipeline.keep_on_failure)
         return run
+
+    def _runtime_for(self, run: RunResult[Any], pipeline: Pipeline[Any, Any]) -> WorldRuntime:
+        """The runtime behind the run's Context (a plan's recording pass records instead)."""
+        return WorldRuntime(self, run, pipeline)
 
     @staticmethod
     def _output(pipeline: Pipeline[Any, Any], value: Any) -> Any:
