@@ -87,7 +87,7 @@ def test_every_studio_page_runs_under_its_policy_and_stays_live(
         "/": "#content-main",
         "/runs/": "#runs",
         "/pipelines/": "#content-main",
-        "/pipelines/sample.studio/": "#plan-tree [data-level]",  # the form, and the plan under it
+        "/pipelines/sample.studio/?plan=1": "#plan-tree [data-level]",  # the form, and the plan under it
         "/stands/": "#content-main",
         "/agents/": "#content-main",
         "/artifacts/": "#content-main",

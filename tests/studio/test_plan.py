@@ -25,8 +25,11 @@ def _rows(page: str) -> list[tuple[int, str]]:
     return [(int(level), label.strip()) for level, label in re.findall(r'data-level="(\d+)"[^>]*>([^<]+)', tree)]
 
 
-def test_the_page_shows_the_plan_for_the_default_inputs(studio: Client) -> None:
-    page = studio.get("/pipelines/sample.tree/").content.decode()
+def test_the_page_plans_nothing_until_asked_then_shows_the_plan_for_the_default_inputs(studio: Client) -> None:
+    plain = studio.get("/pipelines/sample.tree/").content.decode()
+    assert 'id="plan-defaults"' in plain
+    assert 'id="plan-tree"' not in plain
+    page = studio.get("/pipelines/sample.tree/?plan=1").content.decode()
     assert "with the default inputs" in page
     assert _rows(page) == [
         (0, "run sample.tree"),
@@ -58,7 +61,7 @@ def test_plan_shows_the_forms_inputs_and_starts_nothing(studio: Client) -> None:
 
 
 def test_inputs_the_defaults_cannot_fill_ask_for_the_form(studio: Client) -> None:
-    page = studio.get("/pipelines/sample.form/").content.decode()  # ``branch`` has no default
+    page = studio.get("/pipelines/sample.form/?plan=1").content.decode()  # ``branch`` has no default
     problems = page.split('id="plan-errors"')[1].split("</ul>")[0]
     assert "give the inputs above and press Plan" in problems
     planned = studio.post("/pipelines/sample.form/", {"branch": "dev", "plan": "Plan"}).content.decode()
@@ -85,7 +88,7 @@ def test_code_that_raises_is_said_on_the_page(studio: Client, tmp_path: Path) ->
         )
     )
     revisions.revision_materialize(tree=root, namespace="default", activate=True)
-    page = studio.get("/pipelines/studio.plan-raises/").content.decode()
+    page = studio.get("/pipelines/studio.plan-raises/?plan=1").content.decode()
     problems = page.split('id="plan-errors"')[1].split("</ul>")[0]
     assert "the pipeline raised RuntimeError: not today" in problems
     assert "broken.py" in problems  # the traceback's tail
@@ -96,6 +99,6 @@ def test_a_viewer_sees_the_plan(django_user_model: Any) -> None:
     factories.bind(vera, "viewer")
     client = Client()
     client.force_login(vera)
-    page = client.get("/pipelines/sample.tree/")
+    page = client.get("/pipelines/sample.tree/?plan=1")
     assert page.status_code == 200
     assert _rows(page.content.decode())[0] == (0, "run sample.tree")

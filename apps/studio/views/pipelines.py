@@ -1,7 +1,7 @@
 """Pipelines: each with its schemas, concurrency policy, recent runs, success rate and stand;
 a pipeline's page starts a run from a form generated from its input schema, and shows the
-plan of a run (what it would do, without doing it) for the default inputs, or for the
-form's inputs when its Plan button is pressed."""
+plan of a run (what it would do, without doing it) for the default inputs when asked
+(``?plan=1``), or for the form's inputs when its Plan button is pressed."""
 
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def _plan_context(request: HttpRequest, name: str, inputs: dict[str, Any] | None
     """The plan shown on the page: for ``inputs`` (the form's, or ``{}``: the defaults); their
     errors on the form's fields when they were posted (``fields``), else a word of help."""
     context: dict[str, Any] = {"plan": None, "plan_problems": [], "plan_posted": fields is not None}
-    if inputs is None:  # the form's own checks refused them: the fields say why
+    context["plan_asked"] = inputs is not None or fields is not None
+    if inputs is None:  # not asked for, or the form's own checks refused them (the fields say why)
         return context
     try:
         plan = pipeline_plan(name=name, inputs=inputs, actor=request.user)
@@ -124,7 +125,9 @@ def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> Http
     fields = form_fields(pipeline.input_schema)
     problems: list[str] = []
     planning = request.method == "POST" and "plan" in request.POST
-    plan_inputs: dict[str, Any] | None = {}  # the defaults
+    # A plan imports the code in a fresh process (about half a second): made when asked for
+    # (``?plan=1``, the page's link, or the form's Plan button), never on every page load.
+    plan_inputs: dict[str, Any] | None = {} if request.GET.get("plan") else None  # {}: the defaults
     if planning:
         inputs = inputs_from_post(fields, request.POST)
         plan_inputs = None if has_errors(fields) else inputs
