@@ -456,23 +456,19 @@ def cron_fire(trigger_id: Any) -> int | None:
 
 
 def triggers_tick() -> dict[str, int]:
-    """The scheduler's tick (every ``GRAPHENE_TRIGGERS_TICK_SECONDS``): fire the cron instants
-    that came; ask a worker to fire those coming before the next tick at their exact instant;
-    start the firings whose process died before it started their run."""
+    """The scheduler's tick (every ``GRAPHENE_TRIGGERS_TICK_SECONDS``): each cron instant due
+    before the next tick is handed to a worker to fire at its exact time (at once if it came
+    already), so many triggers due together fire in parallel; and the firings whose process
+    died before it started their run are started."""
     from apps.pipelines.tasks import trigger_cron_fire_task
 
     now = timezone.now()
     tick = float(settings.GRAPHENE_TRIGGERS_TICK_SECONDS)
     due = Trigger.objects.filter(type=TriggerType.CRON, next_fire_at__lte=now + timedelta(seconds=tick * 1.5))
-    fired = scheduled = 0
+    scheduled = 0
     for trigger_id, at in due.values_list("pk", "next_fire_at"):
-        if at is None:
-            continue
-        if at <= now:
-            fired += cron_fire(trigger_id) is not None
-        else:
-            trigger_cron_fire_task.apply_async((str(trigger_id),), eta=at)
-            scheduled += 1
+        trigger_cron_fire_task.apply_async((str(trigger_id),), eta=max(at or now, now))
+        scheduled += 1
     stale = now - timedelta(seconds=settings.GRAPHENE_FIRING_RETRY_SECONDS)
     pending = list(
         TriggerFiring.objects.filter(status=FiringStatus.PENDING, created_at__lt=stale)
@@ -481,7 +477,7 @@ def triggers_tick() -> dict[str, int]:
     )
     for firing_id in pending:
         firing_process(firing_id)
-    return {"fired": fired, "scheduled": scheduled, "recovered": len(pending)}
+    return {"scheduled": scheduled, "recovered": len(pending)}
 
 
 # --- webhooks -----------------------------------------------------------------------------------
