@@ -55,6 +55,13 @@ class StudioSite(admin.AdminSite):
             page("stands/", stands.stand_list, "studio_stands", "list", "stands"),
             page("pipelines/", pipelines.pipeline_list, "studio_pipelines", "list", "pipelines"),
             page("pipelines/<str:name>/", pipelines.pipeline_detail, "studio_pipeline", "get", "pipelines"),
+            page(
+                "pipelines/<str:name>/triggers/<uuid:trigger_id>/<str:action>/",
+                pipelines.trigger_action,
+                "studio_trigger_action",
+                "get",  # the service checks "update" in the trigger's namespace, saying so on the page
+                "pipelines",
+            ),
             page("agents/", agents.agent_board, "studio_agents", "list", "agents"),
             page("artifacts/", artifacts.artifact_list, "studio_artifacts", "list", "artifacts"),
             page("artifacts/<uuid:artifact_id>/", artifacts.artifact_detail, "studio_artifact", "get", "artifacts"),

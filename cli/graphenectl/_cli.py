@@ -21,6 +21,7 @@ from graphenectl._cmd_read import describe, events, get, logs, tree
 from graphenectl._cmd_run import run_app
 from graphenectl._cmd_secret import secret_app
 from graphenectl._cmd_source import source_app
+from graphenectl._cmd_trigger import trigger_app
 from graphenectl._cmd_write import apply, delete, extend, protect, release, stand_app, transfer, unprotect
 from graphenectl._options import AllNamespacesOpt, NamespaceOpt
 from graphenectl._output import write
@@ -33,6 +34,7 @@ Log in once with `graphenectl login --server URL --token-stdin`, then look with 
 with `apply`, `delete`, `transfer`, `extend`, `release`, `protect` and `unprotect`; \
 drive runs with `run start|watch|result|cancel|resume|list`; deliver pipeline code with \
 `pipeline push|activate|revisions|history` or from git with `source apply|sync|list|get|delete`; \
+see and pause what starts runs with `trigger list|describe|pause|resume|events`; \
 move files with `artifact get|put`; \
 enroll a machine with `agent create` and open a terminal on it with `agent shell`; keep secrets \
 with `secret set|list`. Who may do what where: `namespace`, `role` (and `role bind`); your API \
@@ -111,6 +113,7 @@ app.command(rich_help_panel=CHANGE)(unprotect)
 app.add_typer(pipeline_app, rich_help_panel=RUNS)
 app.add_typer(run_app, rich_help_panel=RUNS)
 app.add_typer(source_app, rich_help_panel=RUNS)
+app.add_typer(trigger_app, rich_help_panel=RUNS)
 app.add_typer(stand_app, rich_help_panel=RUNS)
 app.add_typer(artifact_app, rich_help_panel=RUNS)
 app.add_typer(agent_app, rich_help_panel=MACHINES)

@@ -38,6 +38,7 @@ from graphenectl._resources import (
     JOURNAL_COLUMNS,
     RESOURCES,
     RUN_COLUMNS,
+    TRIGGER_EVENT_COLUMNS,
     Resource,
     complete_resource,
     human_size,
@@ -46,9 +47,10 @@ from graphenectl._resources import (
     revision_origin,
     short_digest,
     split_ref,
+    trigger_ref,
 )
 from graphenectl._runs import TERMINAL, finish, outcome, run_get, run_view, title
-from graphenectl._session import get_record, record_id, session
+from graphenectl._session import get_record, record_id, session, trigger_find
 from graphenectl._time import age, between, parse_time, short_time, ttl
 
 DEFAULT_LIMIT = 100
@@ -149,8 +151,8 @@ def _listing(
         raise UsageError("--status filters runs")
     if parent and (res.name != "run" or ident):
         raise UsageError("--parent filters runs")
-    if pipeline and (res.name not in ("run", "artifact", "revision") or ident):
-        raise UsageError("--pipeline filters runs, artifacts and revisions")
+    if pipeline and (res.name not in ("run", "artifact", "revision", "trigger") or ident):
+        raise UsageError("--pipeline filters runs, artifacts, revisions and triggers")
     for label in labels:
         for part in label.split(","):
             if part and "=" not in part:
@@ -168,6 +170,14 @@ def _listing(
             return body, list(body.get("holdings", []))
 
         return Listing(res, HOLDING_COLUMNS, RESOURCES["record"].name_of, holdings, "id")
+    if ident and res.name == "trigger" and "/" in ident:  # PIPELINE/NAME, as `-o name` prints it
+        wanted = ident
+
+        def named_trigger() -> tuple[Any, list[dict[str, Any]]]:
+            body = trigger_find(wanted)
+            return body, [body]
+
+        return Listing(res, res.columns, res.name_of, named_trigger, res.key)
     if ident:
         kind_res, ident = split_ref(ident, default=res.name)
         if kind_res is not res:
@@ -204,13 +214,13 @@ def _listing(
             params = {"label": labels}
         elif res.name == "artifact":
             params = {"label": labels, "pipeline": pipeline}
-        elif res.name == "revision":
+        elif res.name in ("revision", "trigger"):
             params = {"pipeline": pipeline}
         if chosen is not None:
             params["namespace"] = chosen
         items, more = _collect(f"{res.path}/", params, limit=limit, keep=keep)
         if more and not quiet:
-            which = "first" if res.name == "pipeline" else "newest"  # pipelines come in name order
+            which = "first" if res.name in ("pipeline", "trigger") else "newest"  # those come in name order
             info(f"showing the {which} {len(items)} {res.plural}; more exist (--limit N shows more)")
         return items, items
 
@@ -252,7 +262,7 @@ def get(
         str,
         typer.Argument(
             metavar="TYPE",
-            help="records | runs | pipelines | revisions | stands | agents | kinds | orphans | artifacts",
+            help="records | runs | pipelines | revisions | triggers | stands | agents | kinds | orphans | artifacts",
             autocompletion=complete_resource,
             show_default=False,
         ),
@@ -260,7 +270,9 @@ def get(
     ident: Annotated[
         str | None,
         typer.Argument(
-            metavar="ID", help="one item: a record or run id, a pipeline/stand/kind name, a revision's digest prefix"
+            metavar="ID",
+            help="one item: a record or run id, a pipeline/stand/kind name, a revision's digest prefix, "
+            "a trigger's PIPELINE/NAME",
         ),
     ] = None,
     label: Annotated[
@@ -279,7 +291,7 @@ def get(
         bool, typer.Option("--include-deleted", help="also list deleted records (tombstones)")
     ] = False,
     pipeline: Annotated[
-        str | None, typer.Option("--pipeline", help="runs (or artifacts, revisions) of this pipeline")
+        str | None, typer.Option("--pipeline", help="runs (or artifacts, revisions, triggers) of this pipeline")
     ] = None,
     status: Annotated[list[str] | None, typer.Option("--status", help="runs in these statuses (a,b)")] = None,
     parent: Annotated[
@@ -292,9 +304,9 @@ def get(
     all_namespaces: AllNamespacesOpt = False,
     output: OutputOpt = Format.table,
 ) -> None:
-    """List records, runs, pipelines, revisions, stands, agents, kinds, orphans or artifacts, or show one by ID.
+    """List records, runs, pipelines, revisions, triggers, stands, agents, kinds, orphans or artifacts, or show one.
 
-    Records, runs, pipelines, revisions, stands, agents and artifacts are listed in the namespace chosen (-n,
+    Records, runs, pipelines, revisions, triggers, stands, agents and artifacts are listed in the namespace chosen (-n,
     GRAPHENE_NAMESPACE, the context's); with none chosen, or -A, in every namespace you may
     see, with a NAMESPACE column.
 
@@ -311,6 +323,8 @@ def get(
       graphenectl get artifacts --pipeline build -o wide
 
       graphenectl get revisions --pipeline hello
+
+      graphenectl get triggers --pipeline hello    (graphenectl trigger list: the same, with --type)
 
       graphenectl get records -w            (live; Ctrl-C stops)
 
@@ -507,6 +521,7 @@ def _describe_run(run: dict[str, Any]) -> None:
             ("Revision", _revision_line(run.get("revision"))),
             ("ID", run["id"]),
             ("Status", _status_line(run, waits)),
+            ("Cause", cause_line(run)),
             ("Record", run.get("record")),
             ("Parent", f"run/{run['parent']} ({run.get('parent_name')})" if run.get("parent") else "-"),
             ("Attempt", run.get("attempt")),
@@ -539,6 +554,16 @@ def _describe_run(run: dict[str, Any]) -> None:
     info(
         f"more: graphenectl tree run/{run['id']} · graphenectl logs run/{run['id']} · graphenectl run watch {run['id']}"
     )
+
+
+def cause_line(run: dict[str, Any]) -> str:
+    """Why the run started, in one line, with the run that caused it where there is one:
+    ``run build #12 succeeded (trigger after-build) · run/<id>``."""
+    text = str(run.get("cause_text") or "-")
+    cause = run.get("cause") or {}
+    if cause.get("type") in ("parent", "upstream") and cause.get("run"):
+        return f"{text} · run/{cause['run']}"
+    return text
 
 
 def _fields_table(schema: dict[str, Any]) -> None:
@@ -677,6 +702,50 @@ def _describe_agent(a: dict[str, Any]) -> None:
     info(f"its commands' output: graphenectl logs {a['id']} -f")
 
 
+def trigger_paused(t: dict[str, Any]) -> str:
+    if not t.get("paused"):
+        return "no"
+    return f"yes, by {t.get('paused_by') or 'the system'} since {t.get('paused_at')}: it starts nothing"
+
+
+def trigger_fires(t: dict[str, Any]) -> str:
+    if t.get("type") == "cron":
+        if t.get("paused"):
+            return "not while paused (from the first instant after it is resumed)"
+        return f"{t.get('next_fire_at')} (in {ttl(t.get('next_fire_at'))})" if t.get("next_fire_at") else "-"
+    if t.get("type") == "upstream":
+        return f"when a run of {(t.get('spec') or {}).get('pipeline')} ends as its 'on' says"
+    return f"on each signed POST to {t.get('hook_path')}"
+
+
+def describe_trigger(t: dict[str, Any]) -> None:
+    last_run, fired = t.get("last_run"), t.get("last_fired_at")
+    _kv(
+        [
+            ("Trigger", trigger_ref(t).removeprefix("trigger/")),
+            ("Namespace", t.get("namespace")),
+            ("Type", t.get("type")),
+            ("Summary", t.get("summary")),
+            ("Paused", trigger_paused(t)),
+            ("Fires", trigger_fires(t)),
+            ("Last fired", f"{fired} ({age(fired)} ago)" if fired else "never"),
+            ("Last run", f"run/{last_run} (graphenectl describe run/{last_run})" if last_run else "-"),
+            ("Hook", f"POST {t['hook_path']}" if t.get("hook_path") else "-"),
+            ("ID", t.get("id")),
+            ("Created", f"{t.get('created_at')} ({age(t.get('created_at'))} ago)"),
+        ]
+    )
+    _block("Spec", t.get("spec"))
+    events, more = session.client().list(f"triggers/{t['id']}/events/", limit=5000)
+    shown = events[-10:]
+    out.print(Text(f"Events (last {len(shown)} of {len(events)}{'+' if more else ''}):", style="bold"))
+    if shown:
+        TableWriter(TRIGGER_EVENT_COLUMNS, wide=False).write(shown)
+    ref = trigger_ref(t).removeprefix("trigger/")
+    verb = "resume" if t.get("paused") else "pause"
+    info(f"more: graphenectl trigger events {ref} · graphenectl trigger {verb} {ref}")
+
+
 _DESCRIBERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "agent": _describe_agent,
     "record": _describe_record,
@@ -685,6 +754,7 @@ _DESCRIBERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "kind": _describe_kind,
     "stand": _describe_stand,
     "revision": _describe_revision,
+    "trigger": describe_trigger,
 }
 
 
@@ -693,16 +763,18 @@ def describe(
     ident: Annotated[str | None, typer.Argument(metavar="ID", help="when TYPE and ID are separate words")] = None,
     output: OutputOpt = Format.table,
 ) -> None:
-    """Show everything about one record, run, pipeline, revision, kind, stand or agent.
+    """Show everything about one record, run, pipeline, revision, trigger, kind, stand or agent.
 
     Examples: graphenectl describe record/<id> · graphenectl describe run/<id> ·
     graphenectl describe pipeline/hello · graphenectl describe revision/<digest prefix> ·
-    graphenectl describe kind/file · graphenectl describe <record-id>
+    graphenectl describe trigger/hello/nightly · graphenectl describe kind/file · graphenectl describe <record-id>
     """
     client = session.client()
     res, key = (resource(ref), ident) if ident else split_ref(ref)
     if res.name not in _DESCRIBERS:
-        raise UsageError(f"describe takes a record, run, pipeline, revision, kind, stand or agent, not {res.plural}")
+        raise UsageError(
+            f"describe takes a record, run, pipeline, revision, trigger, kind, stand or agent, not {res.plural}"
+        )
     if res.name == "record" and ident is None and "/" not in ref:
         try:
             body = client.get(res.item_path(key))
@@ -719,6 +791,8 @@ def describe(
             run = _run_of(body)
             if run is not None:
                 res, body = RESOURCES["run"], client.get(f"runs/{run['id']}/")
+    elif res.name == "trigger" and "/" in key:
+        body = trigger_find(key)
     else:
         body = client.get(res.item_path(key))
     if output in (Format.table, Format.wide):
@@ -805,7 +879,7 @@ def tree(
 # --- events and logs -------------------------------------------------------------------------
 
 
-def _stream(
+def stream(
     path: str,
     params: dict[str, Any],
     *,
@@ -887,7 +961,7 @@ def events(
     record = get_record(ref)
     wide = output is Format.wide
     writer = TableWriter(_EVENT_TABLE, wide=wide)
-    _stream(
+    stream(
         f"records/{record['id']}/events/",
         {},
         follow=follow,
@@ -958,7 +1032,7 @@ def logs(
     }
     record = get_record(ref)
     wide = output is Format.wide
-    _stream(
+    stream(
         f"records/{record['id']}/logs/",
         params,
         follow=follow,

@@ -17,7 +17,16 @@ from rich.text import Text
 
 from graphenectl import _inputs
 from graphenectl._client import Cursor
-from graphenectl._cmd_read import INPUT_COLUMNS, Transient, flatten, get, log_line, render_tree, waiting_on
+from graphenectl._cmd_read import (
+    INPUT_COLUMNS,
+    Transient,
+    cause_line,
+    flatten,
+    get,
+    log_line,
+    render_tree,
+    waiting_on,
+)
 from graphenectl._cmd_write import read_document
 from graphenectl._errors import EXIT_INTERRUPTED, CliError, UsageError
 from graphenectl._options import AllNamespacesOpt, IntervalOpt, NamespaceOpt, OutputOpt
@@ -195,7 +204,7 @@ def _header(view: RunView) -> Text:
     line.append(f"  {between(run.get('started_at'), run.get('finished_at'))}")
     if run.get("waiting_on") and not view.ended:
         line.append(f"  waiting on {view.named(waiting_on(run))}", style="dim")
-    line.append(f"\nlast call: {view.last_call()}", style="dim")
+    line.append(f"\ncause: {run.get('cause_text') or '-'} · last call: {view.last_call()}", style="dim")
     return line
 
 
@@ -263,6 +272,8 @@ class ChangePrinter:
             # The first line says which code runs (the revision), the later ones only what changed.
             which = "" if self.status else _on_revision(run)
             err.print(Text(f"run {title(run)}{which}: {self.status + ' → ' if self.status else ''}{run['status']}"))
+            if not self.status:
+                err.print(Text(f"  cause: {cause_line(run)}", style="dim"))
             self.status = run["status"]
         return True
 

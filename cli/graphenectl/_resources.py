@@ -1,8 +1,8 @@
 """The nouns graphenectl reads: their REST paths, table columns and ``-o name`` form.
 
 References on the command line are ``TYPE/ID`` (``record/<uuid>``, ``run/<uuid>``,
-``pipeline/hello``, ``stand/hello``, ``agent/<uuid>``, ``kind/file``, ``revision/<digest prefix>``) or a
-bare id, which means a record.
+``pipeline/hello``, ``stand/hello``, ``agent/<uuid>``, ``kind/file``, ``revision/<digest prefix>``,
+``trigger/<pipeline>/<name>``) or a bare id, which means a record.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from graphenectl._errors import UsageError
 from graphenectl._output import Column, error_summary
-from graphenectl._time import age, between, ttl
+from graphenectl._time import age, between, short_time, ttl
 
 
 def _labels(item: dict[str, Any]) -> str:
@@ -59,6 +59,7 @@ RUN_COLUMNS = [
     Column("STATUS", lambda r: r["status"], styled=True),
     Column("DURATION", lambda r: between(r.get("started_at"), r.get("finished_at"))),
     Column("AGE", lambda r: age(r.get("created_at"))),
+    Column("CAUSE", lambda r: _first_line(r.get("cause_text"), 60) or "-"),
     Column("WAITING ON", lambda r: ",".join(map(str, r.get("waiting_on") or [])) or "-", wide=True),
     Column("REVISION", lambda r: short_digest(r.get("revision")), wide=True),
     Column("RECORD", lambda r: r.get("record"), wide=True),
@@ -200,6 +201,51 @@ JOURNAL_COLUMNS = [
 ]
 
 
+def _paused(trigger: dict[str, Any]) -> str:
+    if not trigger.get("paused"):
+        return "no"
+    return f"yes (by {trigger['paused_by']})" if trigger.get("paused_by") else "yes"
+
+
+def _fired(trigger: dict[str, Any]) -> str:
+    """A cron trigger's next instant (``next in 5h``); any trigger's last firing (``3m ago``)."""
+    parts = []
+    if trigger.get("paused") and trigger.get("type") == "cron":
+        parts.append("next: paused")
+    elif trigger.get("next_fire_at"):
+        parts.append(f"next in {ttl(trigger['next_fire_at'])}")
+    parts.append(f"last {age(trigger['last_fired_at'])} ago" if trigger.get("last_fired_at") else "never fired")
+    return ", ".join(parts)
+
+
+def trigger_ref(trigger: dict[str, Any]) -> str:
+    """``trigger/PIPELINE/NAME``: what ``-o name`` prints and every trigger command takes."""
+    return f"trigger/{trigger['pipeline']}/{trigger['name']}"
+
+
+TRIGGER_COLUMNS = [
+    Column("PIPELINE", lambda t: t["pipeline"]),
+    Column("NAME", lambda t: t["name"]),
+    Column("TYPE", lambda t: t["type"]),
+    Column("SUMMARY", lambda t: _first_line(t.get("summary"), 70)),
+    Column("PAUSED", _paused),
+    Column("NEXT/LAST FIRED", _fired),
+    Column("LAST RUN", lambda t: t.get("last_run") or "-"),
+    Column("NAMESPACE", lambda t: t.get("namespace"), wide=True),
+    Column("HOOK", lambda t: t.get("hook_path") or "-", wide=True),
+    Column("ID", lambda t: t.get("id"), wide=True),
+]
+
+TRIGGER_EVENT_COLUMNS = [
+    Column("TIME", lambda e: short_time(e.get("created_at"))),
+    Column("REASON", lambda e: e.get("reason")),
+    Column("MESSAGE", lambda e: _first_line(e.get("message"), 120) or "-"),
+    Column("RUN", lambda e: e.get("run") or "-"),
+    Column("BY", lambda e: e.get("actor") or "-"),
+    Column("DATA", lambda e: e.get("data") or "-", wide=True),
+]
+
+
 @dataclass(frozen=True)
 class Resource:
     """A noun of ``get``/``describe``: where it lives in the API and how it prints."""
@@ -212,9 +258,10 @@ class Resource:
     key: str  # the field that names one item in URLs
     paginated: bool
     namespaced: bool = False  # its list takes ?namespace= and its items say theirs
+    ref: Callable[[dict[str, Any]], str] | None = None  # its ``-o name`` form, when not TYPE/KEY
 
     def name_of(self, item: dict[str, Any]) -> str:
-        return f"{self.name}/{item[self.key]}"
+        return self.ref(item) if self.ref is not None else f"{self.name}/{item[self.key]}"
 
     def item_path(self, ident: str) -> str:
         return f"{self.path}/{ident}/"
@@ -232,6 +279,7 @@ RESOURCES = {
         Resource("artifact", "artifacts", ("art", "arts"), "artifacts", ARTIFACT_COLUMNS, "id", True, True),
         Resource("orphan", "orphans", (), "orphans", EVENT_COLUMNS, "id", True),
         Resource("revision", "revisions", ("rev", "revs"), "revisions", REVISION_COLUMNS, "digest", True, True),
+        Resource("trigger", "triggers", ("trig",), "triggers", TRIGGER_COLUMNS, "id", True, True, trigger_ref),
     ]
 }
 _BY_ALIAS = {alias: r for r in RESOURCES.values() for alias in (r.name, r.plural, *r.aliases)}

@@ -138,3 +138,31 @@ def _run_record(run: dict[str, Any]) -> dict[str, Any]:
         raise CliError(f"run {data['id']} has no record yet (status {data['status']}); try again in a moment")
     body: dict[str, Any] = session.client().get(f"records/{data['record']}/")
     return body
+
+
+def trigger_find(ref: str) -> dict[str, Any]:
+    """The trigger ``ref`` names: ``PIPELINE/NAME`` or ``trigger/PIPELINE/NAME`` (what ``-o
+    name`` prints). Pipeline names are unique across namespaces, so no namespace is needed."""
+    text = ref.removeprefix("trigger/").removeprefix("triggers/")
+    pipeline, _, name = text.rpartition("/")
+    if not pipeline or not name:
+        raise UsageError(
+            f"{ref!r} names no trigger: write it as PIPELINE/NAME, e.g. build/nightly",
+            hint="graphenectl trigger list shows them",
+        )
+    client = session.client()
+    found, _ = client.list("triggers/", {"pipeline": pipeline, "name": name}, limit=1)
+    if found:
+        return found[0]
+    others, more = client.list("triggers/", {"pipeline": pipeline}, limit=20)
+    if others:
+        names = ", ".join(t["name"] for t in others) + (", ..." if more else "")
+        raise NotFoundError(
+            f"pipeline {pipeline!r} has no trigger {name!r}; its triggers: {names}",
+            hint=f"graphenectl trigger list --pipeline {pipeline}",
+        )
+    raise NotFoundError(
+        f"no trigger {name!r} of pipeline {pipeline!r}: the pipeline has no triggers you may see "
+        "(its code declares them; they exist once a revision of it is active)",
+        hint="graphenectl trigger list -A",
+    )

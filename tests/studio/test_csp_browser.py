@@ -14,7 +14,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from apps.agents import services as agents
 from apps.artifacts import services as artifacts
 from apps.pipelines import services
-from apps.pipelines.models import Run
+from apps.pipelines.models import Pipeline, Run
+from apps.pipelines.services import triggers
 from apps.records.models import Record
 from tests.harness.browser import PASSWORD, Browser, csp_violations
 from tests.harness.net import fetch_response
@@ -106,6 +107,15 @@ def test_every_studio_page_runs_under_its_policy_and_stays_live(
         studio.open(path)
         studio.wait(functools.partial(shows, studio, shown), f"for {shown} on {path}")
         problems += refused(studio, path)
+
+    # A trigger's Pause button: a form post under the policy, back on the pipeline's page.
+    nightly = {"name": "nightly", "type": "cron", "schedule": "0 3 * * *", "timezone": "UTC", "missed": "skip"}
+    triggers.triggers_reconcile(Pipeline.objects.get(name="sample.studio"), [{**nightly, "inputs": {}}])
+    studio.open("/pipelines/sample.studio/")
+    studio.click("#trigger-pause-nightly")
+    studio.wait(lambda: studio.attributes("#trigger-nightly", "data-paused") == ["true"], "for the trigger to pause")
+    assert "Paused: sample.studio/nightly starts nothing" in " ".join(studio.texts(".messagelist"))
+    problems += refused(studio, "/pipelines/sample.studio/ (a trigger paused)")
 
     # The record inspector, tab by tab (each one an htmx swap of the tab's fragment).
     inspector = f"/records/record/{root.pk}/change/"

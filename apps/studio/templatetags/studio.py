@@ -8,11 +8,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from apps.core import access
+from apps.pipelines.causes import cause_of, cause_text
+from apps.pipelines.services.triggers import trigger_summary as summary_of
 from apps.studio.views.common import duration, short_duration
 
 register = template.Library()
@@ -104,3 +107,41 @@ def may(context: template.Context, verb: str, resource: str, namespace: str | No
     if namespace is None:
         return access.grants(user).anywhere(verb, resource)
     return access.may(user, verb, resource, namespace)
+
+
+@register.simple_tag
+def run_cause(run: Any, link_parent: bool = False) -> SafeString:
+    """Why the run started, in one line (``apps.pipelines.causes``), the run that caused it (a
+    parent run, an upstream run) and the trigger linked. ``link_parent``: the parent's link
+    carries ``id="run-parent"`` (the run's own page)."""
+    cause = cause_of(run)
+    kind = str(cause.get("type") or "system")
+
+    def run_link(ident: Any, name: Any) -> SafeString:
+        href = reverse("admin:studio_run", args=[ident])
+        if kind == "parent" and link_parent:
+            return format_html('<a href="{}" id="run-parent">{}</a>', href, name or ident)
+        return format_html('<a href="{}">{}</a>', href, name or ident)
+
+    trigger = ""
+    if cause.get("trigger"):
+        href = reverse("admin:studio_pipeline", args=[run.pipeline.name]) + f"#trigger-{cause['trigger']}"
+        trigger = format_html(' (trigger <a href="{}">{}</a>)', href, cause["trigger"])
+    if kind == "parent" and cause.get("run"):
+        body = format_html("parent run {}", run_link(cause["run"], cause.get("name")))
+    elif kind == "upstream" and cause.get("run"):
+        upstream = run_link(cause["run"], cause.get("name"))
+        body = format_html("run {} {}{}", upstream, cause.get("status", "ended"), trigger)
+    elif kind == "cron":
+        body = format_html("cron <time>{}</time>{}", cause.get("instant"), trigger)
+    elif kind == "webhook":
+        body = format_html("webhook {} delivery <code>{}</code>{}", cause.get("event"), cause.get("delivery"), trigger)
+    else:
+        body = format_html("{}", cause_text(cause))
+    return format_html('<span class="studio-cause" data-cause="{}">{}</span>', kind, body)
+
+
+@register.filter
+def trigger_summary(spec: dict[str, Any]) -> str:
+    """A trigger's spec in one line (as the API's ``summary``)."""
+    return summary_of(spec)

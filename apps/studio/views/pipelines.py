@@ -1,7 +1,8 @@
 """Pipelines: each with its schemas, concurrency policy, recent runs, success rate and stand;
-a pipeline's page starts a run from a form generated from its input schema, and shows the
-plan of a run (what it would do, without doing it) for the default inputs when asked
-(``?plan=1``), or for the form's inputs when its Plan button is pressed."""
+a pipeline's page starts a run from a form generated from its input schema, shows its
+triggers with their recent events (paused and resumed from there), and the plan of a run
+(what it would do, without doing it) for the default inputs when asked (``?plan=1``), or for
+the form's inputs when its Plan button is pressed."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import shlex
 from datetime import timedelta
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.admin import AdminSite
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 
 from apps.core.errors import GrapheneError, ValidationFailed
 from apps.pipelines import selectors, services
 from apps.pipelines.delivery import sources
+from apps.pipelines.models import Pipeline, Trigger, TriggerEvent
+from apps.pipelines.services import triggers
 from apps.pipelines.services.plan import pipeline_plan
 from apps.studio.forms import form_fields, has_errors, inputs_from_post, show_errors
 from apps.studio.views.common import render
@@ -26,6 +30,7 @@ RECENT_RUNS = 5
 RATE_WINDOW = timedelta(days=30)
 HISTORY = 20  # the newest delivery events shown on a pipeline's page
 SOURCES_SHOWN = 200
+TRIGGER_EVENTS = 10  # the newest events shown under each trigger
 
 
 def _rates(request: HttpRequest) -> dict[int, tuple[int, int]]:
@@ -157,4 +162,43 @@ def pipeline_detail(request: HttpRequest, *, site: AdminSite, name: str) -> Http
     context["history"] = history
     context["activated_at"] = history[0].created_at if history else None
     context.update(_plan_context(request, pipeline.name, plan_inputs, fields if planning else None))
+    context["triggers"] = _triggers(request, pipeline)
     return render(request, site, "studio/pipeline.html", context, title=pipeline.name)
+
+
+def _triggers(request: HttpRequest, pipeline: Pipeline) -> list[tuple[Trigger, list[TriggerEvent]]]:
+    """The pipeline's triggers (those the user may read), each with its newest events."""
+    rows = selectors.trigger_list(user=request.user, pipeline=pipeline.name).select_related("last_run__pipeline")
+    return [
+        (trigger, list(trigger.events.select_related("run__pipeline", "actor").order_by("-id")[:TRIGGER_EVENTS]))
+        for trigger in rows
+    ]
+
+
+_TRIGGER_ACTIONS = {"pause": True, "resume": False}
+
+
+def trigger_action(request: HttpRequest, *, site: AdminSite, name: str, trigger_id: Any, action: str) -> HttpResponse:
+    """Pause or resume a trigger (POST): the service the API's ``triggers/{id}/pause|resume``
+    calls, after the same check; the outcome is the pipeline page's message."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if action not in _TRIGGER_ACTIONS:
+        raise Http404(f"no action {action!r}")
+    try:
+        trigger = selectors.trigger_get(user=request.user, trigger_id=trigger_id)
+    except GrapheneError:
+        raise Http404(f"no trigger {trigger_id}") from None
+    if trigger.pipeline.name != name:
+        raise Http404(f"pipeline {name!r} has no trigger {trigger_id}")
+    try:
+        trigger = triggers.trigger_pause(trigger=trigger, paused=_TRIGGER_ACTIONS[action], actor=request.user)
+    except GrapheneError as exc:
+        messages.error(request, f"{action.capitalize()}: {exc.detail}")
+    else:
+        if trigger.paused:
+            messages.success(request, f"Paused: {trigger} starts nothing; each cause it skips is in its events.")
+        else:
+            messages.success(request, f"Resumed: {trigger} starts runs again.")
+    back = reverse("admin:studio_pipeline", args=[name], current_app=site.name)
+    return HttpResponseRedirect(f"{back}#trigger-{trigger.name}")
