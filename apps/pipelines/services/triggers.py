@@ -461,16 +461,22 @@ def triggers_tick() -> dict[str, int]:
 
     now = timezone.now()
     tick = float(settings.GRAPHENE_TRIGGERS_TICK_SECONDS)
-    due = Trigger.objects.filter(type=TriggerType.CRON, next_fire_at__lte=now + timedelta(seconds=tick * 1.5))
+    horizon = now + timedelta(seconds=tick * 1.5)
+    due = Trigger.objects.filter(type=TriggerType.CRON, next_fire_at__lte=horizon)
     fired = scheduled = 0
     for trigger_id, at in due.values_list("pk", "next_fire_at"):
         if at is None:
             continue
         if at <= now:
             fired += cron_fire(trigger_id) is not None
-        else:
-            trigger_cron_fire_task.apply_async((str(trigger_id),), eta=at)
-            scheduled += 1
+            # The instant after the one just fired may come before the next tick too: without
+            # asking for it here, it would also wait for the tick, and so would every instant
+            # after it (each found late, none scheduled ahead).
+            at = Trigger.objects.filter(pk=trigger_id).values_list("next_fire_at", flat=True).first()
+            if at is None or at > horizon:
+                continue
+        trigger_cron_fire_task.apply_async((str(trigger_id),), eta=at)
+        scheduled += 1
     stale = now - timedelta(seconds=settings.GRAPHENE_FIRING_RETRY_SECONDS)
     pending = list(
         TriggerFiring.objects.filter(status=FiringStatus.PENDING, created_at__lt=stale)
