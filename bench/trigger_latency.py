@@ -1,9 +1,9 @@
 """Benchmark: how soon do triggers start runs?
 
 Pipelines from ``bench/_trigger_pipelines.py`` (loaded by this benchmark only), each one no-op
-step, on one prefork worker (``--concurrency`` 2) plus a ``celery beat`` (the scheduler that
-runs ``triggers_tick_task`` every ``GRAPHENE_TRIGGERS_TICK_SECONDS``), both started and stopped
-here. Production lease lengths and missed-instant/firing-retry delays.
+step, on ``--workers`` (1) prefork workers of ``--concurrency`` (2) processes plus a ``celery
+beat`` (the scheduler that runs ``triggers_tick_task`` every ``GRAPHENE_TRIGGERS_TICK_SECONDS``),
+all started and stopped here. Production lease lengths and missed-instant/firing-retry delays.
 
 * **manual start** (the baseline): ``run_start`` of ``bench.down`` in this process; latency =
   the run's ``started_at`` (the worker took its lease) - the time just before the call, as
@@ -25,7 +25,7 @@ the next starts once every run of the sample succeeded and its root record is to
   instant (``cause["instant"]``). Checked: each instant in the window started exactly one
   run (``cron_duplicates``, ``cron_missing``).
 
-    .venv/bin/python bench/trigger_latency.py [--n 50] [--cron-seconds 20]
+    .venv/bin/python bench/trigger_latency.py [--n 50] [--cron-seconds 20] [--workers 1] [--concurrency 2]
 
 Last line: ``manual_p50_ms manual_p95_ms upstream_p50_ms upstream_p95_ms
 upstream_ratio_vs_start`` (upstream p95 / manual p95; goal <= 2.0) ``cron_skew_p50_ms
@@ -193,7 +193,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--cron-seconds", type=float, default=20.0)
-    parser.add_argument("--concurrency", type=int, default=2, help="prefork processes of the one worker")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes")
+    parser.add_argument("--concurrency", type=int, default=2, help="prefork processes of each worker")
     args = parser.parse_args()
 
     manual: list[dict[str, float]] = []
@@ -210,7 +211,7 @@ def main() -> None:
         from apps.pipelines.services.definitions import definition_get, pipeline_sync
 
         try:
-            workers = start_run_workers(bench, count=1, concurrency=args.concurrency)
+            workers = start_run_workers(bench, count=args.workers, concurrency=args.concurrency)
             beat = start_beat(bench)
             log(f"worker ready in {wait_workers_ready(workers):.1f}s")
             # The downstream's row synced: its upstream trigger exists from now on.
@@ -255,13 +256,14 @@ def main() -> None:
         f"upstream_queued_p50_ms={pct(upstream, 'queued_ms', 50):.2f} "
         f"upstream_queued_p95_ms={pct(upstream, 'queued_ms', 95):.2f} "
         f"upstream_max_ms={pct(upstream, 'ms', 100):.2f} "
+        f"upstream_ratio_p50={pct(upstream, 'ms', 50) / pct(manual, 'ms', 50):.2f} "
         f"cron_firing_p50_ms={percentile(cron['firing_skew'], 50):.2f} "
         f"cron_firing_p95_ms={percentile(cron['firing_skew'], 95):.2f} "
         f"cron_started_p50_ms={percentile(cron['started'], 50):.2f} "
         f"cron_started_p95_ms={percentile(cron['started'], 95):.2f} "
         f"cron_runs_total={cron['all_runs']} cron_firings_not_started={cron['not_started']} "
         f"cron_missed_events={cron['missed_events']} "
-        f"n={args.n} concurrency={args.concurrency} load_1m_before={load_before:.2f}",
+        f"n={args.n} workers={args.workers} concurrency={args.concurrency} load_1m_before={load_before:.2f}",
         flush=True,
     )
     figures(
