@@ -54,12 +54,14 @@ def test_a_tick_that_fires_a_late_instant_schedules_the_next_one_at_its_time(
     assert late is not None
     # No scheduler runs: the first instant passes unscheduled, as between two ticks.
     wait_for(lambda: timezone.now() > late + timedelta(milliseconds=200), timeout=5, what="the instant to pass")
-    answer = triggers.triggers_tick()
-    assert answer["fired"] == 1, answer
-    assert TriggerFiring.objects.filter(trigger=trigger, key=late.isoformat(), status="started").exists()
+    triggers.triggers_tick()
+    wait_for(
+        lambda: TriggerFiring.objects.filter(trigger=trigger, key=late.isoformat(), status="started").exists(),
+        timeout=10,
+        what=f"the late instant {late} to fire",
+    )
     # No other tick comes: only the one above can have asked a worker for the next instant.
     following = late + timedelta(seconds=1)
-    assert answer["scheduled"] == 1, answer
     wait_for(
         lambda: TriggerFiring.objects.filter(trigger=trigger, key=following.isoformat(), status="started").exists(),
         timeout=10,
