@@ -222,11 +222,24 @@ def _event(
     return TriggerEvent.objects.create(trigger=trigger, reason=reason, message=message, data=data, run=run, actor=who)
 
 
-def _enqueue_on_commit(firing_ids: list[int]) -> None:
-    from apps.pipelines.tasks import trigger_firing_task
+def _process_on_commit(firing_ids: list[int]) -> None:
+    """Once the transaction that wrote them commits, start the firings' runs here and now (no
+    hop through the broker); one that fails here goes to a worker, and one whose process dies
+    first is started by the tick (``GRAPHENE_FIRING_RETRY_SECONDS``)."""
+    if not firing_ids:
+        return
 
-    for firing_id in firing_ids:
-        transaction.on_commit(lambda f=firing_id: trigger_firing_task.delay(f), robust=True)  # type: ignore[misc]
+    def process() -> None:
+        from apps.pipelines.tasks import trigger_firing_task
+
+        for firing_id in firing_ids:
+            try:
+                firing_process(firing_id)
+            except Exception:
+                logger.exception("firing %s: starting its run here failed; a worker tries again", firing_id)
+                trigger_firing_task.delay(firing_id)
+
+    transaction.on_commit(process, robust=True)
 
 
 def upstream_ended(run: Run) -> None:
@@ -261,7 +274,7 @@ def upstream_ended(run: Run) -> None:
         )
         if created:
             fired.append(firing.pk)
-    _enqueue_on_commit(fired)
+    _process_on_commit(fired)
 
 
 def _declared(trigger: Trigger) -> Any:
@@ -302,40 +315,33 @@ def _firing_end(firing: TriggerFiring, status: str, *, run: Run | None = None, e
 
 
 def firing_process(firing_id: int) -> TriggerFiring | None:
-    """Start the run of a pending firing (once, whoever calls first), or record why not: the
-    trigger is paused (skipped), or the start was refused (failed, with the reason)."""
+    """Start the run of a pending firing, or record why not: the trigger is paused (skipped),
+    or the start was refused (failed, with the reason). Once, whoever calls and however often:
+    the run's idempotency key is the firing's, and only the call that moves the firing out of
+    ``pending`` writes the trigger's event."""
     from apps.pipelines.services.starts import run_start
 
     firing = TriggerFiring.objects.select_related("trigger__pipeline").filter(pk=firing_id).first()
     if firing is None or firing.status != FiringStatus.PENDING:
         return firing
     trigger = firing.trigger
+    what = _cause_words(firing.cause)
+    pending = TriggerFiring.objects.filter(pk=firing.pk, status=FiringStatus.PENDING)
+    if trigger.paused:
+        with transaction.atomic():
+            if pending.update(status=FiringStatus.SKIPPED, error="the trigger is paused", done_at=timezone.now()):
+                _event(trigger, "Skipped", f"paused: did not start a run for {what}", cause=firing.cause)
+        return TriggerFiring.objects.filter(pk=firing.pk).first()
     inputs: dict[str, Any] | None = None
     problem = ""
-    if not trigger.paused:
-        try:  # the pipeline's own code (an inputs callable): outside the transaction
-            inputs = _inputs_for(trigger, firing)
-        except GrapheneError as exc:
-            problem = str(exc.detail)
-        except Exception as exc:
-            trace = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
-            problem = f"its inputs function raised {type(exc).__name__}: {exc}\n{trace}"
+    try:  # the pipeline's own code (an inputs callable): outside the transaction
+        inputs = _inputs_for(trigger, firing)
+    except GrapheneError as exc:
+        problem = str(exc.detail)
+    except Exception as exc:
+        trace = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
+        problem = f"its inputs function raised {type(exc).__name__}: {exc}\n{trace}"
     with transaction.atomic():
-        # Locks in activation's order (the pipeline's row, then its triggers and their firings).
-        Pipeline.objects.select_for_update().filter(pk=trigger.pipeline_id).first()
-        locked = (
-            TriggerFiring.objects.select_for_update(skip_locked=True)
-            .filter(pk=firing.pk, status=FiringStatus.PENDING)
-            .first()
-        )
-        if locked is None:  # another process has it, or had it (or the trigger went with its code)
-            return TriggerFiring.objects.filter(pk=firing.pk).first()
-        trigger = Trigger.objects.select_related("pipeline").get(pk=trigger.pk)
-        what = _cause_words(firing.cause)
-        if trigger.paused:
-            _firing_end(locked, FiringStatus.SKIPPED, error="the trigger is paused")
-            _event(trigger, "Skipped", f"paused: did not start a run for {what}", cause=firing.cause)
-            return locked
         run = None
         if inputs is not None:
             try:
@@ -349,15 +355,16 @@ def firing_process(firing_id: int) -> TriggerFiring | None:
                     )
             except GrapheneError as exc:
                 problem = str(exc.detail)
+        status = FiringStatus.STARTED if run is not None else FiringStatus.FAILED
+        if not pending.update(status=status, run=run, error=problem, done_at=timezone.now()):
+            return TriggerFiring.objects.filter(pk=firing.pk).first()  # another call ended it
         if run is None:
-            _firing_end(locked, FiringStatus.FAILED, error=problem)
             _event(trigger, "StartRefused", f"no run for {what}: {problem}", cause=firing.cause)
             logger.warning("trigger %s: no run for %s: %s", trigger, what, problem)
-            return locked
-        _firing_end(locked, FiringStatus.STARTED, run=run)
-        Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=timezone.now(), last_run=run)
-        _event(trigger, "Fired", f"started {run} for {what}", run=run, cause=firing.cause)
-    return locked
+        else:
+            Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=timezone.now(), last_run=run)
+            _event(trigger, "Fired", f"started {run} for {what}", run=run, cause=firing.cause)
+    return TriggerFiring.objects.filter(pk=firing.pk).first()
 
 
 def _cause_words(cause: Mapping[str, Any]) -> str:
@@ -455,20 +462,29 @@ def cron_fire(trigger_id: Any) -> int | None:
     return firing_id
 
 
+# A tick asks for at most this many instants of one trigger (a per-second schedule: two or three).
+TICK_INSTANTS_MAX = 10
+
+
 def triggers_tick() -> dict[str, int]:
-    """The scheduler's tick (every ``GRAPHENE_TRIGGERS_TICK_SECONDS``): each cron instant due
-    before the next tick is handed to a worker to fire at its exact time (at once if it came
-    already), so many triggers due together fire in parallel; and the firings whose process
-    died before it started their run are started."""
+    """The scheduler's tick (every ``GRAPHENE_TRIGGERS_TICK_SECONDS``): each cron instant from a
+    trigger's next one up to the tick after next is handed to a worker to fire at its exact
+    time (at once if it came already) — every one of them, so an instant fired late is followed
+    by the next on time, and many triggers due together fire in parallel. Then the firings
+    whose process died before it started their run are started."""
     from apps.pipelines.tasks import trigger_cron_fire_task
 
     now = timezone.now()
-    tick = float(settings.GRAPHENE_TRIGGERS_TICK_SECONDS)
-    due = Trigger.objects.filter(type=TriggerType.CRON, next_fire_at__lte=now + timedelta(seconds=tick * 1.5))
+    horizon = now + timedelta(seconds=float(settings.GRAPHENE_TRIGGERS_TICK_SECONDS) * 1.5)
+    due = Trigger.objects.filter(type=TriggerType.CRON, next_fire_at__lte=horizon)
     scheduled = 0
-    for trigger_id, at in due.values_list("pk", "next_fire_at"):
-        trigger_cron_fire_task.apply_async((str(trigger_id),), eta=max(at or now, now))
-        scheduled += 1
+    for trigger_id, at, spec in due.values_list("pk", "next_fire_at", "spec"):
+        for _ in range(TICK_INSTANTS_MAX):
+            if at is None or at > horizon:
+                break
+            trigger_cron_fire_task.apply_async((str(trigger_id),), eta=max(at, now))
+            scheduled += 1
+            at = cron_next(spec, at)
     stale = now - timedelta(seconds=settings.GRAPHENE_FIRING_RETRY_SECONDS)
     pending = list(
         TriggerFiring.objects.filter(status=FiringStatus.PENDING, created_at__lt=stale)
