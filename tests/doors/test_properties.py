@@ -48,7 +48,8 @@ from apps.core.models import Namespace, Role, RoleBinding
 from apps.observability.models import LogLine
 from apps.pipelines import services as pipelines
 from apps.pipelines.delivery import revisions, sources
-from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent
+from apps.pipelines.models import JournalEntry, Pipeline, PipelineEvent, Revision, Run, RunEvent, Trigger, TriggerEvent
+from apps.pipelines.services import triggers
 from apps.records import services as records
 from apps.records.models import Event, Record
 from apps.secrets import services as secrets
@@ -275,6 +276,21 @@ DOORS = [
         query={"wait": "true", "timeout": "5"},
         strict_query={"timeout": st.text(max_size=8).filter(lambda t: not accepted_int(t, 1, 300))},
     ),
+    Door(
+        "pipeline plan",
+        "POST",
+        "/api/v1/pipelines/sample.tree/plan/",
+        {"inputs": {"branches": 2, "leaves": 1}},
+        strict={
+            "inputs.branches": wrong_strict_ints | st.integers().filter(lambda n: not 1 <= n <= 10),
+            "inputs.brnaches": json_values,
+            "inputs": st.lists(json_values, max_size=2) | json_scalars,
+            "revision": st.just("") | st.text(st.characters(categories=["L"]), min_size=81, max_size=90),
+            "pla": json_values,  # a field a plan does not take
+        },
+    ),
+    Door("trigger pause", "POST", "/api/v1/triggers/{trigger}/pause/", None, path_ids=("trigger",)),
+    Door("trigger resume", "POST", "/api/v1/triggers/{trigger}/resume/", None, path_ids=("trigger",)),
     Door("run cancel", "POST", "/api/v1/runs/{run}/cancel/", None, path_ids=("run",)),
     Door("run resume", "POST", "/api/v1/runs/{run}/resume/", None, path_ids=("run",)),
     Door(
@@ -601,6 +617,7 @@ WATCHED = (
     Record,
     Event,
     RunEvent,
+    TriggerEvent,
     JournalEntry,
     AgentCommand,
     Secret,
@@ -613,7 +630,7 @@ WATCHED = (
     Revision,
     PipelineEvent,
 )
-CHANGING = (Record, Run, Secret, Pipeline)
+CHANGING = (Record, Run, Secret, Pipeline, Trigger)
 # Changes that add no row: a revoked token, a deleted (disabled) service account.
 STATES = {
     "AccessToken revoked": "SELECT count(*) FROM accounts_accesstoken WHERE revoked_at IS NOT NULL",
@@ -674,7 +691,12 @@ def world(web: WebServer, django_user_model: Any, tmp_path_factory: pytest.TempP
         "@pipeline('doors.delivered', inputs=In)\ndef delivered(ctx, inputs):\n    return None\n"
     )
     revision = revisions.revision_materialize(tree=code, namespace="default", activate=True).revision
+    nightly = {"name": "nightly", "type": "cron", "schedule": "0 3 * * *", "timezone": "UTC", "inputs": {}}
+    PipelineEvent.objects.bulk_create(
+        triggers.triggers_reconcile(Pipeline.objects.get(name="doors.delivered"), [nightly])
+    )
     yield {
+        "trigger": str(Trigger.objects.get(pipeline__name="doors.delivered").pk),
         "revision": str(revision.pk),
         "binding": str(binding.pk),
         "token": api_token(user),
@@ -757,6 +779,9 @@ def test_the_doors_are_every_write_endpoint_of_the_urlconf() -> None:
                 writes.add((method.upper(), f"{callback.cls.__name__}.{action}"))
     covered = {
         ("POST", "PipelineViewSet.start"),
+        ("POST", "PipelineViewSet.plan"),
+        ("POST", "TriggerViewSet.pause"),
+        ("POST", "TriggerViewSet.resume"),
         ("POST", "RecordViewSet.create"),
         ("POST", "RecordViewSet.transfer"),
         ("POST", "RecordViewSet.extend"),
