@@ -9,29 +9,17 @@ their own.
 
 from __future__ import annotations
 
-import json
-import shlex
 from typing import Any
 
+from graphene_sdk._plan_text import compact as _compact
+from graphene_sdk._plan_text import entry_text as call_line
 from rich.text import Text
 from rich.tree import Tree
 
 from graphenectl._resources import short_digest
 
-_DURATIONS = ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
 # Entries that are nodes of a Mermaid chart besides the tree's: what a run does, not owns.
 _ACTIONS = {"step", "exec", "call", "put_file", "get_file"}
-
-
-def _duration(seconds: float) -> str:
-    for size, unit in _DURATIONS:
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
 
 
 def headline(plan: dict[str, Any]) -> str:
@@ -65,50 +53,6 @@ def tree(plan: dict[str, Any]) -> list[Tree]:
         add(root, node)
         roots.append(root)
     return roots
-
-
-def call_line(entry: dict[str, Any]) -> str:
-    """One entry as a line of text."""
-    op = entry["op"]
-    if op == "declare":
-        again = " again" if entry.get("again") else ""
-        line = f"declare{again} {entry['kind']}/{entry['name']} (owner: {entry['owner']})"
-        if entry.get("install"):
-            install = entry["install"]
-            line += f", installed over SSH on {install.get('user')}@{install.get('host')}:{install.get('port')}"
-        if entry.get("spec"):
-            line += f"\n    spec {_compact(entry['spec'])}"
-        return line
-    if op == "ready":
-        return f"wait until {entry['target']} is ready"
-    if op == "step":
-        shown = [_compact(a) for a in entry.get("args", [])]
-        shown += [f"{k}={_compact(v)}" for k, v in (entry.get("kwargs") or {}).items()]
-        return f"step {entry['name']}: {entry['function']}({', '.join(shown)})"
-    if op == "exec":
-        env = f" env {_compact(entry['env'])}" if entry.get("env") else ""
-        return f"exec on {entry['agent']}: {shlex.join(entry['argv'])}{env} (assumed: {entry['assumed']})"
-    if op == "call":
-        return f"run {entry['function']}() on {entry['agent']} with {_compact(entry.get('args', []))}"
-    if op == "put_file":
-        return f"put_file {entry['path']} on {entry['agent']} ({entry['size']} bytes, mode {entry['mode']})"
-    if op == "get_file":
-        return f"get_file {entry['path']} from {entry['agent']}"
-    if op == "run":
-        return f"start child run {entry['pipeline']} with {_compact(entry['inputs'])}"
-    if op == "to_stand":
-        keep = f" for {_duration(entry['keep_for'])}" if entry.get("keep_for") else ""
-        return f"hand {entry['target']} to the {entry['stand']}{keep}"
-    if op == "delete":
-        return f"delete {entry['target']}"
-    if op == "sleep":
-        return f"sleep {_duration(entry['seconds'])}"
-    if op == "log":
-        return f"log ({entry['level']}): {entry['message']}"
-    if op == "assume":
-        return f"assume {entry['value']} is {entry['assumed']} (at {entry['where']})"
-    rest = {k: v for k, v in entry.items() if k not in ("seq", "run", "op", "uses")}
-    return f"{op} {_compact(rest)}"
 
 
 def calls(plan: dict[str, Any]) -> list[str]:

@@ -6,8 +6,6 @@ the form's inputs when its Plan button is pressed."""
 
 from __future__ import annotations
 
-import json
-import shlex
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +14,7 @@ from django.contrib.admin import AdminSite
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
+from graphene_sdk._plan_text import entry_text
 
 from apps.core.errors import GrapheneError, ValidationFailed
 from apps.pipelines import selectors, services
@@ -73,30 +72,6 @@ def _plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _call_text(entry: dict[str, Any]) -> str:
-    """One call of a plan in a line: what it is about, and the values it carries."""
-    op = entry["op"]
-    subject = entry.get("ref") or entry.get("target") or ""
-    if op == "declare":
-        return f"{entry['kind']}/{entry['name']} (owner: {entry['owner']}) {json.dumps(entry.get('spec') or {})}"
-    if op == "step":
-        return f"{entry['name']}: {entry['function']}({', '.join(json.dumps(a) for a in entry.get('args', []))})"
-    if op == "exec":
-        return f"on {entry['agent']}: {shlex.join(entry['argv'])} (assumed: {entry['assumed']})"
-    if op == "run":
-        return f"{entry['pipeline']} with {json.dumps(entry['inputs'])}"
-    if op == "log":
-        return str(entry["message"])
-    if op == "assume":
-        return f"{entry['value']} is {entry['assumed']} at {entry['where']}"
-    if op == "to_stand":
-        return f"{subject} to the {entry['stand']}" + (f" for {entry['keep_for']:g} s" if entry.get("keep_for") else "")
-    if op == "sleep":
-        return f"{entry['seconds']:g} s"
-    rest = {k: v for k, v in entry.items() if k not in ("seq", "run", "op", "uses", "ref", "target")}
-    return f"{subject} {json.dumps(rest)}".strip()
-
-
 def _plan_context(request: HttpRequest, name: str, inputs: dict[str, Any] | None, fields: Any) -> dict[str, Any]:
     """The plan shown on the page: for ``inputs`` (the form's, or ``{}``: the defaults); their
     errors on the form's fields when they were posted (``fields``), else a word of help."""
@@ -117,7 +92,7 @@ def _plan_context(request: HttpRequest, name: str, inputs: dict[str, Any] | None
         return context
     context["plan"] = plan
     context["plan_rows"] = _plan_rows(plan)
-    context["plan_calls"] = [{**e, "text": _call_text(e)} for e in plan["entries"]]
+    context["plan_calls"] = [{**e, "text": entry_text(e)} for e in plan["entries"]]
     return context
 
 
