@@ -350,7 +350,9 @@ GRAPHENE_TEST_KINDS = env.boolean("GRAPHENE_TEST_KINDS", False)
 GRAPHENE_TEST_WORLD_DIR = Path(env.string("GRAPHENE_TEST_WORLD_DIR", str(DATA_DIR / "test-world")) or "")
 # Create attempts before a record settles in create_failed (PermanentError fails at once).
 GRAPHENE_CREATE_ATTEMPTS = env.integer("GRAPHENE_CREATE_ATTEMPTS", 5)
-# How long an operation may stay in flight before the reconciler re-enqueues it.
+# How long an operation may stay in flight before the reconciler re-enqueues it. An operation
+# whose worker is lost (GRAPHENE_WORKER_HEARTBEAT_SECONDS below) is re-enqueued at once; this
+# lease is the net for lost messages and for holders without a heartbeat.
 GRAPHENE_OPERATION_LEASE_SECONDS = env.integer("GRAPHENE_OPERATION_LEASE_SECONDS", 120)
 # Records deleted by one task (records whose children are all gone; siblings kept together).
 # Per-batch costs dominate cheap deletes: 25 gave ~600 records/s, 100 ~1,090 (2 cores).
@@ -369,9 +371,20 @@ GRAPHENE_REVISION_MAX_BYTES = env.integer("GRAPHENE_REVISION_MAX_BYTES", 50 * 10
 GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS = env.integer("GRAPHENE_REVISION_DESCRIBE_TIMEOUT_SECONDS", 60)
 GRAPHENE_REVISION_CACHE_SIZE = env.integer("GRAPHENE_REVISION_CACHE_SIZE", 16)
 GRAPHENE_REVISION_DIR = Path(env.string("GRAPHENE_REVISION_DIR", str(DATA_DIR / "revisions")) or "")
-# A worker executing a run renews its lease every third of this; a dead worker's run is
-# resumed elsewhere once it expires.
+# A worker executing a run renews its lease every third of this. A run whose worker is lost
+# (below) is resumed elsewhere at once; this expiry is the net for a holder without a heartbeat.
 GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
+# Worker heartbeats (apps/core/workers.py, docs/records.md "Recovery"): every worker process
+# refreshes its row this often (seconds); one whose database session has ended and that missed
+# two beats, or that has not beaten for GRAPHENE_WORKER_LOST_SECONDS, is lost, and what it held
+# (operations, run leases) is taken over by the other workers at once.
+GRAPHENE_WORKER_HEARTBEAT_SECONDS = env.number("GRAPHENE_WORKER_HEARTBEAT_SECONDS", 1.0)
+GRAPHENE_WORKER_LOST_SECONDS = env.number("GRAPHENE_WORKER_LOST_SECONDS", 10.0)
+if not 0 < GRAPHENE_WORKER_HEARTBEAT_SECONDS * 3 <= GRAPHENE_WORKER_LOST_SECONDS:
+    raise ImproperlyConfigured(
+        f"GRAPHENE_WORKER_LOST_SECONDS={GRAPHENE_WORKER_LOST_SECONDS} must be at least three heartbeats "
+        f"(GRAPHENE_WORKER_HEARTBEAT_SECONDS={GRAPHENE_WORKER_HEARTBEAT_SECONDS}), which must be positive"
+    )
 
 # --- Audit trail (apps/core/audit.py, docs/audit.md) ---------------------------------------
 # How long audit rows are kept; the retention task deletes older ones once an hour, in batches.
