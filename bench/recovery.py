@@ -164,6 +164,7 @@ def main() -> None:
             run_s = [
                 (finished - killed_at).total_seconds()
                 for finished in Run.objects.filter(pk__in=run_ids).values_list("finished_at", flat=True)
+                if finished is not None  # every one: recovered() waited for them
             ]
         finally:
             stop_group(beat.procs[0] if beat else None)

@@ -85,7 +85,8 @@ def test_a_killed_workers_convergences_and_runs_resume_on_another_worker_within_
         assert run.status == RunStatus.SUCCEEDED, run.error
         worker_lost_event, resumed_event = run_event(run, "WorkerLost"), run_event(run, "Resumed")
         events = list(RunEvent.objects.filter(run=run).order_by("id").values_list("reason", "created_at"))
-        assert worker_lost_event is not None and resumed_event is not None, (killed, events)
+        assert worker_lost_event is not None, events
+        assert resumed_event is not None, events
         assert worker_lost_event.id < resumed_event.id
         assert worker_lost_event.data["worker"] in {str(pk) for pk in lost}
         taken = (resumed_event.created_at - killed).total_seconds()
@@ -106,17 +107,18 @@ def test_a_slow_create_and_step_on_a_live_worker_are_never_taken_over(start_work
 
     def done() -> bool:
         return (
-            Record.objects.get(pk=record.pk).phase == Phase.READY
-            and Run.objects.get(pk=run.pk).finished_at is not None
+            Record.objects.get(pk=record.pk).phase == Phase.READY and Run.objects.get(pk=run.pk).finished_at is not None
         )
 
     wait_for(done, timeout=60, what="the slow create and the slow step to end")
     assert [n.reason for n in record_notes(record)] == []
     record.refresh_from_db()
-    assert record.outputs["adopted"] is False and record.held_by is None
+    assert record.outputs["adopted"] is False
+    assert record.held_by is None
     assert len(objects_of(str(record.pk))) == 1
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
-    assert run_event(run, "WorkerLost") is None and run_event(run, "Resumed") is None
+    assert run_event(run, "WorkerLost") is None
+    assert run_event(run, "Resumed") is None
     assert effect_count(str(run.pk), "act-started") == 1, "the step ran once"
     assert not WorkerHeartbeat.objects.filter(lost_at__isnull=False).exists()
