@@ -158,11 +158,8 @@ class WorkerHeartbeat(models.Model):
     lost_at = models.DateTimeField(null=True, blank=True)
     lost_reason = models.CharField(max_length=200, blank=True)
 
-    class Meta:
-        indexes = [
-            models.Index(fields=["beat_at"], name="worker_beat", condition=models.Q(lost_at__isnull=True)),
-            models.Index(fields=["lost_at"], name="worker_lost", condition=models.Q(lost_at__isnull=False)),
-        ]
+    # No index but the key: one row per worker process, and a beat every second must stay a
+    # heap-only update (an indexed beat_at would add an index entry each time).
 
     def __str__(self) -> str:
         return f"{self.hostname} (pid {self.pid})"

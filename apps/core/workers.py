@@ -54,6 +54,8 @@ class _Heartbeat(threading.Thread):
         self.worker_id: uuid.UUID | None = None
         self.stopped = threading.Event()
         self.registered = threading.Event()
+        self.session: tuple[int | None, datetime | None] | None = None
+        self.session_of: Any = None  # the connection ``session`` describes
 
     def run(self) -> None:
         period = settings.GRAPHENE_WORKER_HEARTBEAT_SECONDS
@@ -76,7 +78,10 @@ class _Heartbeat(threading.Thread):
 
     def _beat(self) -> None:
         now = timezone.now()
-        session_pid, session_started_at = _session()
+        connection.ensure_connection()
+        if self.session is None or self.session_of is not connection.connection:
+            self.session, self.session_of = _session(), connection.connection  # a new database session
+        session_pid, session_started_at = self.session
         if self.worker_id is not None:
             beaten = WorkerHeartbeat.objects.filter(pk=self.worker_id, lost_at__isnull=True).update(
                 beat_at=now, session_pid=session_pid, session_started_at=session_started_at

@@ -187,8 +187,9 @@ def records_take_over(*, worker_id: str, worker: str, reason: str) -> int:
         converge, delete = [], []
         for record in held:
             if record.deletion_requested_at is not None:
-                if record.phase in (Phase.DELETING, Phase.DELETE_FAILED) or not record.has_live_children:
-                    delete.append(str(record.pk))
+                if record.phase not in (Phase.DELETING, Phase.DELETE_FAILED) and record.has_live_children:
+                    continue  # its deletion follows its children's, which go on by themselves
+                delete.append(str(record.pk))
                 what = "deletion"
             elif record.phase in _CONVERGIBLE:
                 converge.append(record.pk)
