@@ -1,12 +1,15 @@
 """Benchmark: how long until the work of a worker killed with SIGKILL goes on elsewhere?
 
-Two Celery prefork workers and ``celery beat`` run with the production lease lengths
+Two Celery workers and ``celery beat`` run with the production lease lengths
 (``GRAPHENE_OPERATION_LEASE_SECONDS=120``, ``GRAPHENE_RUN_LEASE_SECONDS=30``, see
 ``bench/_runs_common.py``):
 
-* the *victim* (1 process x ``--concurrency`` 40 pool children) consumes the bench queue;
-* the *survivor* (1 x ``--survivor-concurrency`` 4) is started at the same time but consumes
-  only an idle queue until the kill, so that every piece of work is in flight on the victim.
+* the *victim* (1 process, ``--pool`` threads x ``--concurrency`` 40) consumes the bench queue
+  (threads: one process holds all 40 in flight with 41 database sessions; 40 prefork children
+  would hold 80, each with its heartbeat's, more than a shared server's 100 may have free);
+* the *survivor* (prefork, 1 x ``--survivor-concurrency`` 4) is started at the same time but
+  consumes only an idle queue until the kill, so that every piece of work is in flight on the
+  victim.
 
 A gate file (``kinds.testing.gate_path``) holds the work in flight: ``--records`` (20)
 ``test.sleep`` records whose create waits while the gate exists, and ``--runs`` (20) runs of
@@ -22,7 +25,7 @@ Per piece of work, the recovery time runs from the kill to its end on the surviv
 transition to ``ready`` (its event's time), a run's ``finished_at``. Every record must end with
 exactly one external object (adopt-or-create: no duplicate) and every run must succeed.
 
-    .venv/bin/python bench/recovery.py [--records 20] [--runs 20] [--timeout 400]
+    .venv/bin/python bench/recovery.py [--records 20] [--runs 20] [--pool threads] [--timeout 400]
 
 Last line: ``records=20 runs=20 p50_s=... p95_s=... max_s=... records_p95_s=... runs_p95_s=...
 load_1m_before=...``.
@@ -42,13 +45,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import figures, load_1m, log, stop_workers, wait_workers_ready
+from bench._common import figures, load_1m, log, start_workers, stop_workers, wait_workers_ready
 from bench._runs_common import (
+    WORKER_SETTINGS,
     redis_client,
     runs_environment,
     start_beat,
     start_queue_worker,
-    start_run_workers,
     stop_group,
 )
 
@@ -78,7 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=20)
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--concurrency", type=int, default=40, help="the victim's pool children")
+    parser.add_argument("--concurrency", type=int, default=40, help="the victim's pool size")
+    parser.add_argument("--pool", choices=["threads", "prefork"], default="threads", help="the victim's pool")
     parser.add_argument("--survivor-concurrency", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds to wait for the recovery")
     args = parser.parse_args()
@@ -98,7 +102,13 @@ def main() -> None:
             from graphene_project.celery import app
             from kinds.testing import gate_path, objects_of
 
-            victim = start_run_workers(bench, count=1, concurrency=args.concurrency)
+            victim = start_workers(
+                bench,
+                count=1,
+                concurrency=args.concurrency,
+                pool=args.pool,
+                extra_env={"DJANGO_SETTINGS_MODULE": WORKER_SETTINGS},
+            )
             survivor = start_queue_worker(
                 bench, queue=f"{bench.queue}-idle", label="survivor", concurrency=args.survivor_concurrency
             )

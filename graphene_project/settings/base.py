@@ -147,9 +147,10 @@ GRAPHENE_PROCESS = process.current()
 # GRAPHENE_WEB_DB_POOL_MAX (psycopg_pool, through Django) and gives each back when its request
 # ends. A request that finds them all in use waits up to the timeout, then answers 503
 # (apps/core/middleware.py); /readyz shows the pool's state. Workers and beat run a few
-# long-lived threads each and keep their connections (?conn_max_age= of the URL, default 60 s).
-# Size it so that web replicas x GRAPHENE_WEB_DB_POOL_MAX plus workers' and beat's connections
-# stay below PostgreSQL's max_connections.
+# long-lived threads each and keep their connections (?conn_max_age= of the URL, default 60 s);
+# every worker process that executes tasks (each prefork pool child) also holds one for its
+# heartbeat (apps/core/workers.py). Size it so that web replicas x GRAPHENE_WEB_DB_POOL_MAX plus
+# workers' and beat's connections stay below PostgreSQL's max_connections.
 GRAPHENE_WEB_DB_POOL_MAX = env.integer("GRAPHENE_WEB_DB_POOL_MAX", 20)
 # Connections kept open while idle (default 2, or the bound when it is lower).
 GRAPHENE_WEB_DB_POOL_MIN = env.integer("GRAPHENE_WEB_DB_POOL_MIN", min(2, GRAPHENE_WEB_DB_POOL_MAX))
