@@ -161,6 +161,8 @@ def _live_sessions(pids: list[int]) -> tuple[set[tuple[int, datetime]], datetime
     """The sessions among ``pids`` that are still open, and when the server last started."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pid, backend_start FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+        # A session of another role may show no backend_start (no pg_read_all_stats): such a
+        # pid counts as open, whatever session it is (the time rule still applies).
         live = {(pid, started) for pid, started in cursor.fetchall()}
         cursor.execute("SELECT pg_postmaster_start_time()")
         server_started = cursor.fetchone()[0]
@@ -176,6 +178,7 @@ def _lost_reason(worker: WorkerHeartbeat, now: datetime, live: set[Any], server_
         and worker.session_started_at is not None
         and worker.session_started_at > server_started
         and (worker.session_pid, worker.session_started_at) not in live
+        and (worker.session_pid, None) not in live
     ):
         return f"its database session ended (the process died); last heartbeat {silent:.1f} s ago"
     return ""
