@@ -34,7 +34,7 @@ SUBSCRIPTIONS = [
     ("CommandFinished", "apps.agents.services.commands.record_wake_on_command"),
     ("CommandFinished", "apps.pipelines.services.lifecycle.runs_wake_on_command"),
     ("WorkerLost", "apps.records.services.housekeeping.records_take_over_on_worker_lost"),
-    ("WorkerLost", "apps.pipelines.services.lifecycle.runs_take_over_on_worker_lost"),
+    ("WorkerLost", "apps.pipelines.services.recovery.runs_take_over_on_worker_lost"),
 ]
 
 

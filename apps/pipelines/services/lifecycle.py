@@ -36,7 +36,7 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
     its timer is due. Returns the run (now ``running``) and the lease's token, which fences
     every journal write of this execution; ``None`` when there is nothing to execute. A worker
     notes that it holds the token (``workers.lease_hold``): if the worker is lost, the run is
-    taken over at once (``runs_take_over``) instead of when the lease expires."""
+    taken over at once (``recovery.runs_take_over``) instead of when the lease expires."""
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
@@ -55,7 +55,7 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
         elif run.started_at is None:
             reason = "Started"
         elif RunEvent.objects.filter(run=run).order_by("-id").values_list("reason", flat=True).first() == "WorkerLost":
-            reason = "Resumed"  # its worker was lost while executing it (runs_take_over)
+            reason = "Resumed"  # its worker was lost while executing it (recovery.runs_take_over)
             worker = workers.current_worker_id()
             data["worker"] = workers.worker_describe(worker) if worker is not None else None
         else:
@@ -76,35 +76,6 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
         )
         workers.lease_hold(token=token, subject=f"run {run.pk}")
     return run, token
-
-
-def runs_take_over(*, worker_id: str, worker: str, reason: str) -> int:
-    """The worker ``worker_id`` is lost: the runs it was executing are queued again at once
-    (event ``WorkerLost``; the next execution's event is ``Resumed``). Returns how many."""
-    tokens = workers.leases_of(worker_id)
-    taken = 0
-    for run_id in Run.objects.filter(status=RunStatus.RUNNING, lease_token__in=tokens).values_list("pk", flat=True):
-        with transaction.atomic():
-            run = run_lock(run_id)
-            if run.status != RunStatus.RUNNING or run.lease_token not in tokens:
-                continue
-            RunWait.objects.filter(run=run).delete()
-            run_transition(
-                run=run,
-                to=RunStatus.QUEUED,
-                reason="WorkerLost",
-                message=f"worker {worker} was lost while executing it ({reason}); it resumes elsewhere",
-                data={"worker": worker_id, "reason": reason},
-                fields={"lease_token": None, "lease_expires_at": None, "waiting_on": [], "wake_at": None},
-            )
-            run_enqueue_on_commit(run.pk)
-            taken += 1
-    return taken
-
-
-def runs_take_over_on_worker_lost(event: domain.WorkerLost) -> None:
-    """Subscriber: a worker was lost; the runs it was executing resume elsewhere."""
-    runs_take_over(worker_id=event.worker_id, worker=f"{event.hostname} (pid {event.pid})", reason=event.reason)
 
 
 def run_suspend(
