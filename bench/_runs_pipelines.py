@@ -86,3 +86,25 @@ def wait(ctx: Context, inputs: WaitInputs) -> None:
 def celery_stamp(key: str) -> None:
     """The bare Celery baseline: a task whose body only reports when it executed."""
     _push(key, time.time())
+
+
+def _gated_step(key: str, gate: str) -> float:
+    """Report that the step began, then wait while the gate file exists (``kinds.testing.gate_path``)."""
+    from kinds.testing import gate_path
+
+    _push(key, time.time())
+    while gate_path(gate).exists():
+        time.sleep(0.05)
+    return time.time()
+
+
+class GatedInputs(BaseModel):
+    key: str
+    gate: str
+
+
+@pipeline("bench.gated", inputs=GatedInputs)
+def gated(ctx: Context, inputs: GatedInputs) -> None:
+    """One step that reports when it began and waits while a gate file exists. (The crash
+    recovery benchmark holds steps in flight with it, kills their worker, opens the gate.)"""
+    ctx.step("gated", _gated_step, inputs.key, inputs.gate)

@@ -4,7 +4,14 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "graphene_project.settings.dev")
 
@@ -51,3 +58,34 @@ def _audit_context_end(task_id: str = "", **_: object) -> None:
     token = _audit_tokens.pop(task_id, None)
     if token is not None:
         audit.leave(token)
+
+
+@worker_process_init.connect
+def _heartbeat_in_pool_child(**_: object) -> None:
+    """A prefork pool child executes tasks: it proves itself alive (apps/core/workers.py).
+    Celery offers no other hook in the child than this signal."""
+    from apps.core import workers
+
+    workers.heartbeat_start()
+
+
+@worker_ready.connect
+def _heartbeat_in_worker(sender: Any = None, **_: object) -> None:
+    """A worker whose pool runs tasks in its own process (threads, solo) proves that process
+    alive; a prefork worker's children do so themselves."""
+    from celery.concurrency.prefork import TaskPool
+
+    from apps.core import workers
+
+    pool_cls = getattr(getattr(sender, "controller", None), "pool_cls", None)
+    if not (isinstance(pool_cls, type) and issubclass(pool_cls, TaskPool)):
+        workers.heartbeat_start()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _heartbeat_end(**_: object) -> None:
+    """A clean exit: the process's heartbeat row goes (it holds nothing any more)."""
+    from apps.core import workers
+
+    workers.heartbeat_stop()

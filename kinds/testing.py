@@ -35,6 +35,12 @@ def _objects_in(folder: Path) -> list[Path]:
         return []
 
 
+def gate_path(name: str) -> Path:
+    """The file a ``gate`` spec names: while it exists, creates that name it wait (crash tests
+    and benchmarks hold convergences in flight with it, then let the resumed ones through)."""
+    return world() / "gates" / name
+
+
 def objects_of(record_id: str) -> list[Path]:
     """Every object made for the record, by any test kind (what tests count)."""
     base = world()
@@ -52,6 +58,11 @@ class SleepKind(Kind):
             "create_ms": {"type": "integer", "minimum": 0, "maximum": 600_000, "default": 0},
             "delete_ms": {"type": "integer", "minimum": 0, "maximum": 600_000, "default": 0},
             "value": {"description": "any JSON value, echoed in the outputs"},
+            "gate": {
+                "type": "string",
+                "pattern": "^[A-Za-z0-9_-]{1,64}$",
+                "description": "create waits (after making the object) while <world>/gates/<gate> exists",
+            },
         },
         "additionalProperties": False,
     }
@@ -79,6 +90,10 @@ class SleepKind(Kind):
         # The object exists first and then takes create_ms to become ready: a worker killed
         # meanwhile leaves an object behind, which the retried create must adopt.
         self._pause(record, "create_ms")
+        gate = record.spec.get("gate")
+        if gate:
+            while gate_path(str(gate)).exists():
+                time.sleep(0.05)
         return {"object": obj.name, "adopted": adopted, "value": record.spec.get("value")}
 
     def observe(self, record: Record) -> Observed | None:

@@ -138,6 +138,18 @@ class CommandFinished(DomainEvent):
     log_record_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class WorkerLost(DomainEvent):
+    """A worker process stopped proving it is alive (``apps.core.workers``): what it held is
+    to be taken over now, by whoever owns that work."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    beat_at: datetime  # its last heartbeat
+    reason: str
+
+
 # Every event type, in the order docs/events.md lists them.
 EVENTS: tuple[type[DomainEvent], ...] = (
     RecordsSettled,
@@ -146,6 +158,7 @@ EVENTS: tuple[type[DomainEvent], ...] = (
     RecordsDeleted,
     RecordDrifted,
     CommandFinished,
+    WorkerLost,
 )
 
 

@@ -135,3 +135,46 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_kind}:{self.actor_name} {self.action} {self.object_id}"
+
+
+class WorkerHeartbeat(models.Model):
+    """A worker process that executes tasks, proving it is alive (``apps.core.workers``).
+
+    A thread of the process refreshes ``beat_at`` every ``GRAPHENE_WORKER_HEARTBEAT_SECONDS``
+    over a database session of its own, named by ``session_pid``/``session_started_at``. Another
+    worker marks it lost (``lost_at``) when that session has ended (the process died: its
+    connection closed) or when it stopped beating for ``GRAPHENE_WORKER_LOST_SECONDS``; what it
+    held (records' operations, runs' leases) is then taken over at once.
+    """
+
+    id = models.UUIDField(primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField()
+    # The heartbeat's PostgreSQL session (pg_backend_pid() and its backend_start).
+    session_pid = models.PositiveIntegerField(null=True, blank=True)
+    session_started_at = models.DateTimeField(null=True, blank=True)
+    lost_at = models.DateTimeField(null=True, blank=True)
+    lost_reason = models.CharField(max_length=200, blank=True)
+
+    # No index but the key: one row per worker process, and a beat every second must stay a
+    # heap-only update (an indexed beat_at would add an index entry each time).
+
+    def __str__(self) -> str:
+        return f"{self.hostname} (pid {self.pid})"
+
+
+class HeldLease(models.Model):
+    """Which worker holds a lease token (a run's execution lease): when the worker is lost, the
+    lease's owner (the pipelines app) takes the lease over without waiting for it to expire."""
+
+    token = models.UUIDField(primary_key=True)
+    # Not a foreign key: a lease is taken in its owner's transaction, which must not fail
+    # because the heartbeat row is being replaced; rows go with their lost worker's.
+    worker_id = models.UUIDField(db_index=True)
+    subject = models.CharField(max_length=80)  # what the lease is on ("run <id>"), for people
+    taken_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.subject} held by {self.worker_id}"

@@ -50,6 +50,10 @@ class Record(MPTTModel, TimeStampedModel):
     attempts = models.PositiveIntegerField(default=0)
     # When the reconciler should look at this record again if no task did (lost message).
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # The worker process running this record's convergence or deletion now (its heartbeat's
+    # id, apps/core/workers.py); null between operations and outside workers. A lost worker's
+    # operations are taken over at once (services.housekeeping.records_take_over).
+    held_by = models.UUIDField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     # Drift: what to do when observation finds the object differs from its spec or is gone.
     drift_policy = models.CharField(max_length=8, choices=DriftPolicy.choices, default=DriftPolicy.HEAL)
@@ -91,6 +95,8 @@ class Record(MPTTModel, TimeStampedModel):
             ),
             # Reconciler: records whose work is due (retries, lost messages).
             models.Index(fields=["next_attempt_at"], name="record_due", condition=Q(next_attempt_at__isnull=False)),
+            # Takeover: the operations a lost worker held.
+            models.Index(fields=["held_by"], name="record_held", condition=Q(held_by__isnull=False)),
             # Drift scheduler: only records it observes are in this index.
             models.Index(
                 fields=["next_observe_at"], name="record_observe_due", condition=Q(next_observe_at__isnull=False)

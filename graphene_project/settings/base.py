@@ -147,9 +147,10 @@ GRAPHENE_PROCESS = process.current()
 # GRAPHENE_WEB_DB_POOL_MAX (psycopg_pool, through Django) and gives each back when its request
 # ends. A request that finds them all in use waits up to the timeout, then answers 503
 # (apps/core/middleware.py); /readyz shows the pool's state. Workers and beat run a few
-# long-lived threads each and keep their connections (?conn_max_age= of the URL, default 60 s).
-# Size it so that web replicas x GRAPHENE_WEB_DB_POOL_MAX plus workers' and beat's connections
-# stay below PostgreSQL's max_connections.
+# long-lived threads each and keep their connections (?conn_max_age= of the URL, default 60 s);
+# every worker process that executes tasks (each prefork pool child) also holds one for its
+# heartbeat (apps/core/workers.py). Size it so that web replicas x GRAPHENE_WEB_DB_POOL_MAX plus
+# workers' and beat's connections stay below PostgreSQL's max_connections.
 GRAPHENE_WEB_DB_POOL_MAX = env.integer("GRAPHENE_WEB_DB_POOL_MAX", 20)
 # Connections kept open while idle (default 2, or the bound when it is lower).
 GRAPHENE_WEB_DB_POOL_MIN = env.integer("GRAPHENE_WEB_DB_POOL_MIN", min(2, GRAPHENE_WEB_DB_POOL_MAX))
@@ -355,7 +356,9 @@ GRAPHENE_TEST_KINDS = env.boolean("GRAPHENE_TEST_KINDS", False)
 GRAPHENE_TEST_WORLD_DIR = Path(env.string("GRAPHENE_TEST_WORLD_DIR", str(DATA_DIR / "test-world")) or "")
 # Create attempts before a record settles in create_failed (PermanentError fails at once).
 GRAPHENE_CREATE_ATTEMPTS = env.integer("GRAPHENE_CREATE_ATTEMPTS", 5)
-# How long an operation may stay in flight before the reconciler re-enqueues it.
+# How long an operation may stay in flight before the reconciler re-enqueues it. An operation
+# whose worker is lost (GRAPHENE_WORKER_HEARTBEAT_SECONDS below) is re-enqueued at once; this
+# lease is the net for lost messages and for holders without a heartbeat.
 GRAPHENE_OPERATION_LEASE_SECONDS = env.integer("GRAPHENE_OPERATION_LEASE_SECONDS", 120)
 # Records deleted by one task (records whose children are all gone; siblings kept together).
 # Per-batch costs dominate cheap deletes: 25 gave ~600 records/s, 100 ~1,090 (2 cores).
@@ -377,9 +380,6 @@ GRAPHENE_REVISION_DIR = Path(env.string("GRAPHENE_REVISION_DIR", str(DATA_DIR / 
 # Plans (docs/pipelines.md, "Plans"): how long a plan's recording pass, which imports the code
 # and runs the pipeline's function in a fresh process, may take before it is stopped.
 GRAPHENE_PLAN_TIMEOUT_SECONDS = env.integer("GRAPHENE_PLAN_TIMEOUT_SECONDS", 20)
-# A worker executing a run renews its lease every third of this; a dead worker's run is
-# resumed elsewhere once it expires.
-GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
 # Triggers (docs/triggers.md): how often the scheduler looks for cron instants (each is then
 # fired at its exact time by a worker); how late an instant may fire before it counts as missed
 # (the scheduler was down: the trigger's ``missed`` policy decides); how long a firing may wait
@@ -388,6 +388,20 @@ GRAPHENE_TRIGGERS_TICK_SECONDS = env.integer("GRAPHENE_TRIGGERS_TICK_SECONDS", 1
 GRAPHENE_CRON_MISSED_AFTER_SECONDS = env.integer("GRAPHENE_CRON_MISSED_AFTER_SECONDS", 30)
 GRAPHENE_FIRING_RETRY_SECONDS = env.integer("GRAPHENE_FIRING_RETRY_SECONDS", 5)
 GRAPHENE_WEBHOOK_MAX_BYTES = env.integer("GRAPHENE_WEBHOOK_MAX_BYTES", 5 * 1024**2)
+# A worker executing a run renews its lease every third of this. A run whose worker is lost
+# (below) is resumed elsewhere at once; this expiry is the net for a holder without a heartbeat.
+GRAPHENE_RUN_LEASE_SECONDS = env.integer("GRAPHENE_RUN_LEASE_SECONDS", 30)
+# Worker heartbeats (apps/core/workers.py, docs/records.md "Recovery"): every worker process
+# refreshes its row this often (seconds); one whose database session has ended and that missed
+# two beats, or that has not beaten for GRAPHENE_WORKER_LOST_SECONDS, is lost, and what it held
+# (operations, run leases) is taken over by the other workers at once.
+GRAPHENE_WORKER_HEARTBEAT_SECONDS = env.number("GRAPHENE_WORKER_HEARTBEAT_SECONDS", 1.0)
+GRAPHENE_WORKER_LOST_SECONDS = env.number("GRAPHENE_WORKER_LOST_SECONDS", 10.0)
+if not 0 < GRAPHENE_WORKER_HEARTBEAT_SECONDS * 3 <= GRAPHENE_WORKER_LOST_SECONDS:
+    raise ImproperlyConfigured(
+        f"GRAPHENE_WORKER_LOST_SECONDS={GRAPHENE_WORKER_LOST_SECONDS} must be at least three heartbeats "
+        f"(GRAPHENE_WORKER_HEARTBEAT_SECONDS={GRAPHENE_WORKER_HEARTBEAT_SECONDS}), which must be positive"
+    )
 
 # --- Audit trail (apps/core/audit.py, docs/audit.md) ---------------------------------------
 # How long audit rows are kept; the retention task deletes older ones once an hour, in batches.

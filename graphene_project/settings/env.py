@@ -51,6 +51,15 @@ class Env:
         except ValueError:
             raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
 
+    def number(self, name: str, default: float) -> float:
+        raw = os.environ.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            return float(raw)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+
     def csv(self, name: str, default: list[str]) -> list[str]:
         raw = os.environ.get(name)
         if raw is None:

@@ -22,6 +22,7 @@ EVENTS = [
     "RecordsDeleted",
     "RecordDrifted",
     "CommandFinished",
+    "WorkerLost",
 ]
 SUBSCRIPTIONS = [
     ("RecordsSettled", "apps.pipelines.services.lifecycle.runs_wake_on_records"),
@@ -32,6 +33,8 @@ SUBSCRIPTIONS = [
     ("CommandFinished", "apps.observability.subscribers.command_finished"),
     ("CommandFinished", "apps.agents.services.commands.record_wake_on_command"),
     ("CommandFinished", "apps.pipelines.services.lifecycle.runs_wake_on_command"),
+    ("WorkerLost", "apps.records.services.housekeeping.records_take_over_on_worker_lost"),
+    ("WorkerLost", "apps.pipelines.services.recovery.runs_take_over_on_worker_lost"),
 ]
 
 

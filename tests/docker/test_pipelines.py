@@ -13,7 +13,7 @@ from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Run
 from apps.records import services as records
 from apps.records.choices import Phase
-from apps.records.models import Record
+from apps.records.models import Event, Record
 from tests.conftest import Worker, wait_for
 from tests.docker import pipelines  # noqa: F401 - registers docker.web and docker.hang in this process
 from tests.harness.docker import counts, labelled
@@ -109,8 +109,13 @@ def test_a_worker_killed_while_creating_leaves_one_container_which_is_adopted(
     doomed.kill()  # mid-create: the container exists, the record does not know it yet
 
     start_worker("survivor")
-    # The beat's reconciler: the create's lease ran out, so it is enqueued again.
-    wait_for(lambda: records.records_reconcile() > 0, timeout=30, what="the reconciler to retry the create")
+    # The survivor finds the doomed worker lost (its database session ended) and takes the
+    # create over at once (apps/core/workers.py), without waiting for its lease.
+    wait_for(
+        lambda: Event.objects.filter(record=record, reason="Resumed").exists(),
+        timeout=30,
+        what="the survivor to resume the create",
+    )
     # Killed between creating and starting it, the doomed worker left it "created": the
     # survivor's adoption starts it (the same container), and only then can it be told to go.
     wait_for(

@@ -74,13 +74,14 @@ class StepInputs(BaseModel):
     guarantee: Guarantee = "at_least_once"
     seconds: float = 0.0
     catch_unknown: bool = False
+    gate: str = ""  # the step also waits while this gate is closed (kinds.testing.gate_path)
 
 
 @pipeline("sample.step", inputs=StepInputs)
 def one_step(ctx: Context, inputs: StepInputs) -> None:
     """One slow step that leaves a trace each time it really starts."""
     try:
-        ctx.step("act", _slow, ctx.run_id, inputs.seconds, guarantee=inputs.guarantee)
+        ctx.step("act", _slow, ctx.run_id, inputs.seconds, inputs.gate, guarantee=inputs.guarantee)
     except OutcomeUnknown:
         effect(ctx.run_id, "outcome-unknown")
         if not inputs.catch_unknown:
@@ -88,9 +89,13 @@ def one_step(ctx: Context, inputs: StepInputs) -> None:
     ctx.step("after", effect, ctx.run_id, "after")
 
 
-def _slow(run_id: str, seconds: float) -> str:
+def _slow(run_id: str, seconds: float, gate: str = "") -> str:
+    from kinds.testing import gate_path
+
     effect(run_id, "act-started")
     time.sleep(seconds)
+    while gate and gate_path(gate).exists():
+        time.sleep(0.05)
     return effect(run_id, "act-finished")
 
 

@@ -23,7 +23,7 @@ from graphene_sdk import (
 )
 from graphene_sdk import Pipeline as Definition
 
-from apps.core import access, audit
+from apps.core import access, audit, workers
 from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.engine.execution import Execution
@@ -88,15 +88,19 @@ def run_execute(*, run_id: Any) -> None:
         return
     run, token = acquired
     try:
-        definition = services.definition_for_run(run)
-        inputs = definition.inputs.model_validate(run.inputs)
-    except Exception as exc:
-        services.run_finish(run=run, status=RunStatus.FAILED, error=f"cannot load the pipeline: {exc}", token=token)
-        return
-    # What the run's code changes (declarations, deletions, hand-overs, commands) and its end
-    # are the run's doing: the audit trail names it as their actor.
-    with audit.acting(audit.who_run(run.pk, f"{run.pipeline.name}#{run.number}")):
-        _execute(run, token, definition, inputs)
+        try:
+            definition = services.definition_for_run(run)
+            inputs = definition.inputs.model_validate(run.inputs)
+        except Exception as exc:
+            error = f"cannot load the pipeline: {exc}"
+            services.run_finish(run=run, status=RunStatus.FAILED, error=error, token=token)
+            return
+        # What the run's code changes (declarations, deletions, hand-overs, commands) and its end
+        # are the run's doing: the audit trail names it as their actor.
+        with audit.acting(audit.who_run(run.pk, f"{run.pipeline.name}#{run.number}")):
+            _execute(run, token, definition, inputs)
+    finally:
+        workers.lease_release(token=token)  # however the execution ended
 
 
 def _execute(run: Run, token: Any, definition: Definition[Any, Any], inputs: Any) -> None:

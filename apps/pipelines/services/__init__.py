@@ -33,7 +33,7 @@ from apps.pipelines.services.lifecycle import (
     stand_get,
     targets_settled,
 )
-from apps.pipelines.services.recovery import runs_recover
+from apps.pipelines.services.recovery import runs_recover, runs_take_over_on_worker_lost
 from apps.pipelines.services.starts import run_cancel, run_resume, run_start, run_start_children
 from apps.pipelines.services.transitions import (
     Actor,
@@ -66,6 +66,7 @@ __all__ = [
     "run_suspend",
     "run_transition",
     "runs_recover",
+    "runs_take_over_on_worker_lost",
     "runs_wake",
     "runs_wake_on_command",
     "runs_wake_on_records",

@@ -17,11 +17,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.agents.models import AgentCommand
-from apps.core import domain
+from apps.core import domain, workers
 from apps.core.errors import Conflict, GrapheneError
 from apps.observability import metrics
 from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
-from apps.pipelines.models import Pipeline, Run, RunWait
+from apps.pipelines.models import Pipeline, Run, RunEvent, RunWait
 from apps.pipelines.services import triggers
 from apps.pipelines.services.definitions import definition_for_run
 from apps.pipelines.services.transitions import Actor, run_enqueue_on_commit, run_lock, run_transition
@@ -35,7 +35,9 @@ from apps.records.models import Record
 def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
     """Take the run's execution lease: it is queued, its previous holder's lease expired, or
     its timer is due. Returns the run (now ``running``) and the lease's token, which fences
-    every journal write of this execution; ``None`` when there is nothing to execute."""
+    every journal write of this execution; ``None`` when there is nothing to execute. A worker
+    notes that it holds the token (``workers.lease_hold``): if the worker is lost, the run is
+    taken over at once (``recovery.runs_take_over``) instead of when the lease expires."""
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
@@ -46,17 +48,24 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
         if run.status != RunStatus.QUEUED and not expired and not timer_due:
             return None
         token = uuid.uuid4()
+        data: dict[str, Any] = {"attempt": run.attempt + 1}
         if expired:
             reason = "LeaseTakenOver"  # its worker died or stalled
         elif timer_due:
             reason = "TimerDue"
+        elif run.started_at is None:
+            reason = "Started"
+        elif RunEvent.objects.filter(run=run).order_by("-id").values_list("reason", flat=True).first() == "WorkerLost":
+            reason = "Resumed"  # its worker was lost while executing it (recovery.runs_take_over)
+            worker = workers.current_worker_id()
+            data["worker"] = workers.worker_describe(worker) if worker is not None else None
         else:
-            reason = "Started" if run.started_at is None else "Continued"
+            reason = "Continued"
         run_transition(
             run=run,
             to=RunStatus.RUNNING,
             reason=reason,
-            data={"attempt": run.attempt + 1},
+            data=data,
             fields={
                 "lease_token": token,
                 "lease_expires_at": now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS),
@@ -66,6 +75,7 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
                 "wake_at": None,
             },
         )
+        workers.lease_hold(token=token, subject=f"run {run.pk}")
     return run, token
 
 

@@ -1,5 +1,6 @@
 """The beat's safety net for runs: deadlines, expired leases, due timers, lost messages and
-lost wake-ups. A lost message delays a run; it never loses it."""
+lost wake-ups. A lost message delays a run; it never loses it. And the runs of a lost worker
+taken over at once (``runs_take_over``), before their leases expire."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core import domain, workers
 from apps.pipelines.choices import ACTIVE, RunStatus
 from apps.pipelines.models import Run, RunWait
 from apps.pipelines.services.lifecycle import run_finish, runs_wake, targets_settled
@@ -63,3 +65,32 @@ def runs_recover(*, now: datetime | None = None, limit: int = 200) -> dict[str, 
                 run_enqueue_on_commit(run.pk)
                 counts[key] += 1
     return counts
+
+
+def runs_take_over(*, worker_id: str, worker: str, reason: str) -> int:
+    """The worker ``worker_id`` is lost: the runs it was executing are queued again at once
+    (event ``WorkerLost``; the next execution's event is ``Resumed``). Returns how many."""
+    tokens = workers.leases_of(worker_id)
+    taken = 0
+    for run_id in Run.objects.filter(status=RunStatus.RUNNING, lease_token__in=tokens).values_list("pk", flat=True):
+        with transaction.atomic():
+            run = run_lock(run_id)
+            if run.status != RunStatus.RUNNING or run.lease_token not in tokens:
+                continue
+            RunWait.objects.filter(run=run).delete()
+            run_transition(
+                run=run,
+                to=RunStatus.QUEUED,
+                reason="WorkerLost",
+                message=f"worker {worker} was lost while executing it ({reason}); it resumes elsewhere",
+                data={"worker": worker_id, "reason": reason},
+                fields={"lease_token": None, "lease_expires_at": None, "waiting_on": [], "wake_at": None},
+            )
+            run_enqueue_on_commit(run.pk)
+            taken += 1
+    return taken
+
+
+def runs_take_over_on_worker_lost(event: domain.WorkerLost) -> None:
+    """Subscriber: a worker was lost; the runs it was executing resume elsewhere."""
+    runs_take_over(worker_id=event.worker_id, worker=f"{event.hostname} (pid {event.pid})", reason=event.reason)

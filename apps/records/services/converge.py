@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core import domain
+from apps.core import domain, workers
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from apps.records.services.drift import _next_observe
@@ -24,6 +24,7 @@ from apps.records.services.transitions import (
     _transition,
     backoff_seconds,
     operation_lock,
+    operation_resumed_tell,
     record_event_write,
 )
 from kinds import KindError, NotYet, PermanentError, UnknownKind, Waiting, get_kind
@@ -71,11 +72,14 @@ def record_converge(*, record_id: Any) -> None:
             if record is None or record.deletion_requested_at is not None or record.phase not in _CONVERGIBLE:
                 return
             generation = record.generation
-            fields = {"next_attempt_at": timezone.now() + _lease()}
+            worker = workers.current_worker_id()
+            fields = {"next_attempt_at": timezone.now() + _lease(), "held_by": worker}
             if record.phase == Phase.PENDING:
                 _transition([record], Phase.CREATING, reason="Converging", fields=fields)
             else:
                 Record.objects.filter(pk=record.pk).update(**fields)
+            if record.held_by is not None and record.held_by != worker:
+                operation_resumed_tell(record.pk, previous=record.held_by, worker=worker, what="convergence")
         if not _move_away(record):
             return
         try:
@@ -96,10 +100,10 @@ def record_converge(*, record_id: Any) -> None:
             record = Record.objects.select_for_update(no_key=True).get(pk=record_id)
             if record.deletion_requested_at is not None or record.phase not in _CONVERGIBLE:
                 # Deletion began meanwhile: keep what we learned; the delete will remove it.
-                Record.objects.filter(pk=record.pk).update(outputs=outputs)
+                Record.objects.filter(pk=record.pk).update(outputs=outputs, held_by=None)
                 return
             if record.generation != generation:
-                Record.objects.filter(pk=record.pk).update(outputs=outputs)
+                Record.objects.filter(pk=record.pk).update(outputs=outputs, held_by=None)
                 _enqueue_converge_on_commit(record.pk)
                 return
             now = timezone.now()
@@ -124,6 +128,7 @@ def record_converge(*, record_id: Any) -> None:
                     "observed_generation": generation,
                     "attempts": 0,
                     "next_attempt_at": None,
+                    "held_by": None,
                     "last_error": "",
                     "healing": False,
                     "heals": record.heals + (1 if record.healing else 0),
@@ -160,7 +165,7 @@ def _converge_later(*, record_id: Any, retry_in: float, waiting: str | None = No
     with transaction.atomic():
         updated = Record.objects.filter(
             pk=record_id, phase__in=_CONVERGIBLE, deletion_requested_at__isnull=True
-        ).update(next_attempt_at=timezone.now() + timedelta(seconds=retry_in) + _lease())
+        ).update(next_attempt_at=timezone.now() + timedelta(seconds=retry_in) + _lease(), held_by=None)
         if updated:
             if waiting is not None and not _waiting_told(record_id, waiting):
                 record_event_write(record_id, EventType.NOTE, reason="Waiting", message=waiting)
@@ -193,7 +198,7 @@ def _converge_failed(*, record_id: Any, error: BaseException) -> None:
             Phase.CREATE_FAILED,
             reason="PermanentError" if permanent else "RetriesExhausted",
             message=message,
-            fields={"attempts": attempts, "last_error": message, "next_attempt_at": None},
+            fields={"attempts": attempts, "last_error": message, "next_attempt_at": None, "held_by": None},
         )
         return
     delay = backoff_seconds(attempts)
@@ -207,6 +212,10 @@ def _converge_failed(*, record_id: Any, error: BaseException) -> None:
         )
     )
     Record.objects.filter(pk=record.pk).update(
-        attempts=attempts, last_error=message, next_attempt_at=now + timedelta(seconds=delay) + _lease(), updated_at=now
+        attempts=attempts,
+        last_error=message,
+        next_attempt_at=now + timedelta(seconds=delay) + _lease(),
+        held_by=None,
+        updated_at=now,
     )
     _enqueue_converge_on_commit(record.pk, countdown=delay)

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core import access, domain
+from apps.core import access, domain, workers
 from apps.core.db import closes_connections
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
@@ -36,6 +36,7 @@ from apps.records.services.transitions import (
     _transition,
     backoff_seconds,
     operation_lock,
+    operation_resumed_tell,
 )
 from kinds import NotYet, get_kind
 
@@ -178,10 +179,14 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         # for an in-flight create): take the operation lock again rather than race that create.
         resumed = [r.pk for r in claim if r.phase == Phase.DELETING]
         wait_for_create = {r.pk for r in claim if r.phase in _CREATE_IN_FLIGHT} | set(resumed)
-        lease = {"next_attempt_at": timezone.now() + _lease()}
+        worker = workers.current_worker_id()
+        lease = {"next_attempt_at": timezone.now() + _lease(), "held_by": worker}
         _transition([r for r in claim if r.phase != Phase.DELETING], Phase.DELETING, reason="Deleting", fields=lease)
         if resumed:
             Record.objects.filter(pk__in=resumed).update(**lease)
+        for record in claim:
+            if record.held_by is not None and record.held_by != worker:
+                operation_resumed_tell(record.pk, previous=record.held_by, worker=worker, what="deletion")
 
     started_at = timezone.now()
     results = _run_deletes(claim, wait_for_create)
@@ -219,6 +224,7 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
             fields={
                 "deleted_at": now,
                 "next_attempt_at": None,
+                "held_by": None,
                 "attempts": 0,
                 "last_error": "",
                 "next_observe_at": None,
@@ -248,7 +254,12 @@ def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
     )
     size = max(1, settings.GRAPHENE_DELETE_BATCH)
     _enqueue_deletions_on_commit(ready[size:])
-    return [pk for pk, _parent in ready[:size]]
+    mine = [pk for pk, _parent in ready[:size]]
+    worker = workers.current_worker_id()
+    if mine and worker is not None:
+        # This task goes on with them: should its worker be lost first, they are taken over.
+        Record.objects.filter(pk__in=mine).update(held_by=worker)
+    return mine
 
 
 def _delete_later(records: Sequence[Record], results: Mapping[Any, BaseException | None], now: datetime) -> None:
@@ -259,7 +270,7 @@ def _delete_later(records: Sequence[Record], results: Mapping[Any, BaseException
         wait = results[record.pk]
         retry_in = max(0.0, wait.retry_in if isinstance(wait, NotYet) else 5.0)
         Record.objects.filter(pk=record.pk).update(
-            next_attempt_at=now + timedelta(seconds=retry_in) + _lease(), updated_at=now
+            next_attempt_at=now + timedelta(seconds=retry_in) + _lease(), held_by=None, updated_at=now
         )
         transaction.on_commit(partial(records_delete_task.apply_async, ([str(record.pk)],), countdown=retry_in))
 
@@ -290,6 +301,7 @@ def _delete_failed(record: Record, error: BaseException) -> None:
             "attempts": attempts,
             "last_error": message,
             "next_attempt_at": now + timedelta(seconds=delay) + _lease(),
+            "held_by": None,
         },
     )
     record_id = str(record.pk)

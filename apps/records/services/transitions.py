@@ -187,6 +187,23 @@ def record_event_write(
 _SETTLING = frozenset({Phase.READY, Phase.CREATE_FAILED, Phase.DRIFTED, Phase.DELETING})
 
 
+def operation_resumed_tell(record_id: Any, *, previous: Any, worker: Any, what: str) -> None:
+    """An operation whose previous holder did not finish it (a worker that died, or was lost)
+    goes on here: say so in the record's history, naming both workers."""
+    from apps.core import workers
+
+    before = workers.worker_describe(previous)
+    here = workers.worker_describe(worker) if worker is not None else {"worker": None}
+    where = workers.worker_text(here) if worker is not None else "outside any worker"
+    record_event_write(
+        record_id,
+        EventType.NOTE,
+        reason="Resumed",
+        message=f"{what} resumed on {where}; worker {workers.worker_text(before)} did not finish it",
+        data={"previous": before, "worker": here},
+    )
+
+
 @contextmanager
 def operation_lock(record_id: Any) -> Iterator[None]:
     """Hold the record's operation lock: create and delete of one record never overlap.
