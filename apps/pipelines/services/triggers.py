@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter  # type: ignore[import-untyped]
+from croniter import CroniterError, croniter
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
