@@ -18,10 +18,12 @@ logs until the line is there) and the log copy. Each record is deleted and waite
 so that load changes hit them alike; ``--warmup`` (2) rounds are discarded, ``--n`` (20)
 measured.
 
-For the agent's creates the engine requests are counted and split: commands per create, and
-per command (medians) the time from its row's creation to the agent's start (``sent`` and
-``running``), the agent's own run (``duration_s``: the engine's answer) and the rest until the
-row is finished (the result's way back).
+The commands the agent's creates left are counted (``commands_per_create``: a request sent
+as a ``call`` command leaves a row; a live call leaves none) and, if any, split (medians):
+from the row's creation to the agent's start, the agent's own run, the rest until the row
+is finished. One engine request alone is timed too, ``--pings`` (50) times each:
+``GET /_ping`` through the agent (``machines().request`` of ``_engine_http.engine_http``, as
+the kinds send it) and the same function called here against the engine's socket.
 
     .venv/bin/python bench/docker_on_agent.py [--n 20]
 
@@ -108,10 +110,38 @@ def one_create(owner: Any, image: str, *, agent: Any | None, index: int) -> dict
     return {"ms": ms, "commands": commands}
 
 
+def pings(agent: Any, count: int) -> tuple[list[float], list[float]]:
+    """``GET /_ping`` through the agent and directly, interleaved: (agent ms, local ms)."""
+    from kinds.docker._engine_http import engine_http
+    from kinds.machine import Call, machines
+
+    kwargs = {"op": "request", "token": "bench", "method": "GET", "path": "/_ping", "timeout": 10.0}
+    far, near = [], []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        answer = machines().request(
+            agent,
+            str(agent.pk),
+            "docker",
+            Call(engine_http, kwargs=kwargs, in_process=True),
+            purpose="observe",
+            timeout=10,
+        )
+        t1 = time.perf_counter()
+        local = engine_http(**kwargs)
+        t2 = time.perf_counter()
+        if answer.get("status") != 200 or local.get("status") != 200:
+            raise RuntimeError(f"ping: {answer} / {local}")
+        far.append((t1 - t0) * 1000)
+        near.append((t2 - t1) * 1000)
+    return far, near
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--pings", type=int, default=50)
     args = parser.parse_args()
 
     local: list[float] = []
@@ -155,6 +185,7 @@ def main() -> None:
                     f"{i + 1}/{args.warmup + args.n}: local {near['ms']:.0f} ms, agent {far['ms']:.0f} ms "
                     f"({len(far['commands'])} commands); load {load_1m():.2f}"
                 )
+            ping_agent, ping_local = pings(agent.record, args.pings)
         finally:
             stop_workers(workers)
             for proc in (agent, web):
@@ -169,6 +200,7 @@ def main() -> None:
         f"command_to_running_p50_ms={percentile(to_running, 50):.2f} "
         f"command_on_agent_p50_ms={percentile(on_agent, 50):.2f} "
         f"command_result_back_p50_ms={percentile(back, 50):.2f} "
+        f"ping_agent_p50_ms={percentile(ping_agent, 50):.2f} ping_local_p50_ms={percentile(ping_local, 50):.2f} "
         f"local_max_ms={max(local):.1f} agent_max_ms={max(through):.1f} "
         f"n={args.n} load_1m={load_1m():.2f}",
         flush=True,
