@@ -87,11 +87,9 @@ def create_ms(record_id: Any) -> float:
 def commands_of(record_id: Any) -> list[dict[str, Any]]:
     from apps.agents.models import AgentCommand
 
-    return list(
-        AgentCommand.objects.filter(waiting_record_id=record_id)
-        .order_by("created_at")
-        .values("kind", "operation", "status", "created_at", "sent_at", "started_at", "finished_at", "result")
-    )
+    rows = AgentCommand.objects.filter(waiting_record_id=record_id).order_by("created_at")
+    fields = ("kind", "operation", "status", "created_at", "sent_at", "started_at", "finished_at", "result")
+    return [dict(row) for row in rows.values(*fields)]
 
 
 def one_create(owner: Any, image: str, *, agent: Any | None, index: int) -> dict[str, Any]:
@@ -115,7 +113,7 @@ def pings(agent: Any, count: int) -> tuple[list[float], list[float]]:
     from kinds.docker._engine_http import engine_http
     from kinds.machine import Call, machines
 
-    kwargs = {"op": "request", "token": "bench", "method": "GET", "path": "/_ping", "timeout": 10.0}
+    kwargs: dict[str, Any] = {"op": "request", "token": "bench", "method": "GET", "path": "/_ping", "timeout": 10.0}
     far, near = [], []
     for _ in range(count):
         t0 = time.perf_counter()
