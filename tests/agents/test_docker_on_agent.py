@@ -303,3 +303,36 @@ def test_an_agent_that_leaves_mid_request_stops_the_create_until_it_is_back(
     records.record_delete_request(record=agent)
     wait_phase(job, Phase.DELETED, timeout=60)
     assert counts(docker_client, job)["containers"] == 0
+
+
+def test_a_container_with_a_secret_on_an_agents_machine(
+    agents: Callable[..., tuple[Record, AgentProcess]],
+    worker: Worker,
+    docker_client: docker.DockerClient,
+    image: str,
+) -> None:
+    """Its requests are sealed live calls: opened by the gateway only, the value reaches the
+    engine, and inspect answers come back with the environment blanked."""
+    from apps.secrets.services import secret_create
+
+    value = "s3cret-through-a-live-call"
+    secret_create(name="live-token", value=value)
+    agent, _process = agents("sealed")
+    wait_phase(agent, Phase.READY)
+    app = declare(
+        agent,
+        "container",
+        "app",
+        image=image,
+        command=["sh", "-c", "echo app is up; exec sleep 600"],
+        env={"TOKEN": {"$secret": "live-token"}},
+        ready_when={"log": "app is up"},
+        pull="never",
+    )
+    ready = wait_phase(app, Phase.READY, timeout=60)
+    assert f"TOKEN={value}" in docker_client.containers.get(ready.outputs["id"]).attrs["Config"]["Env"]
+    assert value not in str(ready.outputs)
+    assert commands_of(app) == []
+    records.record_delete_request(record=agent)
+    wait_phase(app, Phase.DELETED, timeout=60)
+    assert counts(docker_client, app)["containers"] == 0
