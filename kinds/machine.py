@@ -19,7 +19,9 @@ Two ways to run a function there, one for each way a kind waits:
   is not connected.
 * ``request``: one call waited for in place, by the very worker that makes it (the docker
   kinds send each HTTP request to the machine's engine this way, many per operation). It is
-  cancelled if the agent leaves meanwhile or the timeout passes; it never wakes the record.
+  abandoned if the agent leaves meanwhile or the timeout passes; it never wakes the record.
+  Nothing outlives the wait, so an implementation need not store it: Graphene's agents app
+  sends an ``in_process`` one over the agent's connection without a command row.
 
 What the machine being away means, in both: a create waits (``NotYet``) while the agent is
 only away, fails with ``KindError`` once it is lost (its record turned ``drifted`` after the
@@ -78,7 +80,8 @@ class Call:
     module. ``args`` and ``kwargs`` are JSON, and so is what it returns.
     ``sealed``: the arguments carry a secret's value, so the command is stored encrypted (I7).
     ``in_process``: ``fn`` is quick and bounded by its own timeouts, so the agent may call it
-    in a thread of its own process instead of a fresh interpreter (about 100 ms less a call).
+    in a thread of its own process instead of a fresh interpreter (about 100 ms less a call),
+    and a ``request`` of it may travel as a live call (no command row).
     """
 
     fn: Callable[..., Any]

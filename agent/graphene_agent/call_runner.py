@@ -15,16 +15,21 @@ module namespace; then ``name(*args, **kwargs)`` is called. RESULT (JSON, 0600) 
 function's result is not JSON or too large. No RESULT at all means the interpreter died.
 
 The server's own functions (its kinds' operations on the machine, marked ``in_process``) skip
-the new interpreter: the agent calls ``outcome`` in a thread of its own process.
+the new interpreter: the agent calls ``outcome`` in a thread of its own process, and keeps the
+compiled code of the last ``CODE_CACHE_SIZE`` sources it saw (the same few functions come
+again and again: the docker kinds send one per engine request).
 """
 
 from __future__ import annotations
 import __future__
 
+import collections
+import hashlib
 import json
 import linecache
 import os
 import sys
+import threading
 import traceback
 import types
 from typing import Any
@@ -35,6 +40,39 @@ from typing import Any
 MAX_RESULT_BYTES = 512 * 1024
 MAX_TEXT_CHARS = 16 * 1024
 MODULE = "graphene_call"
+
+
+CODE_CACHE_SIZE = 16
+_codes: collections.OrderedDict[str, tuple[types.CodeType, str]] = collections.OrderedDict()
+_codes_lock = threading.Lock()
+
+
+def _compile(source: str, filename: str) -> types.CodeType:
+    # Postponed annotations: never evaluated, so they may name types that do not exist here.
+    code: types.CodeType = compile(
+        source, filename, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True
+    )
+    return code
+
+
+def _cached_code(name: str, source: str) -> types.CodeType:
+    """The compiled source of an in-process call, compiled once while it stays in the cache;
+    its lines stay in ``linecache`` as long, for tracebacks."""
+    digest = hashlib.sha256(f"{name}\0{source}".encode()).hexdigest()
+    with _codes_lock:
+        found = _codes.get(digest)
+        if found is not None:
+            _codes.move_to_end(digest)
+            return found[0]
+    filename = f"<agent.run {name} {digest[:12]}>"
+    code = _compile(source, filename)
+    with _codes_lock:
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        _codes[digest] = (code, filename)
+        while len(_codes) > CODE_CACHE_SIZE:
+            _digest, (_code, evicted) = _codes.popitem(last=False)
+            linecache.cache.pop(evicted, None)
+    return code
 
 
 def _clip(text: str) -> str:
@@ -80,23 +118,19 @@ def outcome(request: dict[str, Any], *, isolated: bool = True) -> dict[str, Any]
     """
     name = str(request["name"])
     source = str(request["source"])
-    filename = f"<agent.run {name}>" if isolated else f"<agent.run {name} {id(request):x}>"
-    # Tracebacks show the function's lines, as they would for a file.
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(MODULE)
     if isolated:
+        filename = f"<agent.run {name}>"
+        # Tracebacks show the function's lines, as they would for a file.
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         sys.modules[MODULE] = module  # what pickle, dataclasses and friends look functions up in
         sys.argv = [filename]
     try:
-        try:
-            flags = __future__.annotations.compiler_flag
-            exec(compile(source, filename, "exec", flags=flags, dont_inherit=True), module.__dict__)  # noqa: S102
-            value = module.__dict__[name](*request["args"], **request["kwargs"])
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: that is how the function ended
-            return _raised(exc)
-    finally:
-        if not isolated:
-            linecache.cache.pop(filename, None)
+        code = _compile(source, filename) if isolated else _cached_code(name, source)
+        exec(code, module.__dict__)  # noqa: S102
+        value = module.__dict__[name](*request["args"], **request["kwargs"])
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: that is how the function ended
+        return _raised(exc)
     try:
         encoded = json.dumps({"value": value}, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:

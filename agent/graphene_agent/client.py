@@ -207,6 +207,7 @@ class Agent:
                 "instance": self.instance,
                 "version": __version__,
                 "facts": facts.collect(self.config.labels),
+                "features": list(protocol.FEATURES),
             }
             await send(hello)
             self.executor.attach(send)
@@ -264,6 +265,8 @@ class Agent:
             self._tasks = {t for t in self._tasks if not t.done()}
         elif kind == "ack":
             self.executor.on_ack(message)
+        elif kind == protocol.LIVE_CALL:
+            self.executor.on_live_call(message)
         elif isinstance(kind, str) and kind.startswith("pty_"):
             await self.terminals.on_message(message)
         elif kind == "refused":  # the close (and its code) follows

@@ -104,6 +104,19 @@ class Running:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def _call_request(payload: dict[str, Any]) -> dict[str, Any]:
+    """What ``call_runner.outcome`` takes, from a call's payload (checked)."""
+    name = payload.get("name")
+    source = payload.get("source")
+    args = payload.get("args", [])
+    kwargs = payload.get("kwargs", {})
+    if not isinstance(name, str) or not name.isidentifier():
+        raise CommandError(f"call needs the function's name, got {name!r}")
+    if not isinstance(source, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise CommandError("call needs the function's source (a str), args (a list) and kwargs (an object)")
+    return {"name": name, "source": source, "args": args, "kwargs": kwargs}
+
+
 def _exit_code(returncode: int) -> tuple[int, int | None]:
     """Shell convention: a process killed by signal N exits 128+N."""
     if returncode < 0:
@@ -171,6 +184,7 @@ class Executor:
         self.stopping = False
         self._send: Send | None = None
         self._flushes: set[asyncio.Future[None]] = set()  # held: the loop keeps only weak references
+        self._live: set[asyncio.Future[None]] = set()  # live calls under way (held, as above)
 
     # --- connection -----------------------------------------------------------------------
 
@@ -269,6 +283,26 @@ class Executor:
                 flush = asyncio.ensure_future(self._flush(state))
                 self._flushes.add(flush)
                 flush.add_done_callback(self._flushes.discard)
+
+    def on_live_call(self, message: dict[str, Any]) -> None:
+        """A live call (``protocol``): called in a thread now, its result sent on the current
+        connection. Nothing is journaled: a live call is never re-sent, so there is nothing to
+        de-duplicate; if the connection is gone when it ends, its result goes with it."""
+        call = asyncio.ensure_future(self._live_call(str(message.get("id", "")), message.get("payload") or {}))
+        self._live.add(call)
+        call.add_done_callback(self._live.discard)
+
+    async def _live_call(self, call_id: str, payload: dict[str, Any]) -> None:
+        started = time.monotonic()
+        try:
+            result = await self._call_here(_call_request(payload), payload)
+        except CommandError as exc:
+            result = {"status": protocol.FAILED, "error": str(exc)}
+        except Exception as exc:  # a bug or an OS error: report it, keep serving
+            logger.exception("live call %s failed", call_id)
+            result = {"status": protocol.FAILED, "error": f"{type(exc).__name__}: {exc}"}
+        result["duration_s"] = round(time.monotonic() - started, 3)
+        await self.send({"type": "live_result", "id": call_id, **result})
 
     # --- running --------------------------------------------------------------------------
 
@@ -394,15 +428,8 @@ class Executor:
         stdin and never touches the disk; the outcome comes back through a 0600 file in a
         private directory.
         """
-        name = payload.get("name")
-        source = payload.get("source")
-        args = payload.get("args", [])
-        kwargs = payload.get("kwargs", {})
-        if not isinstance(name, str) or not name.isidentifier():
-            raise CommandError(f"call needs the function's name, got {name!r}")
-        if not isinstance(source, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise CommandError("call needs the function's source (a str), args (a list) and kwargs (an object)")
-        request = {"name": name, "source": source, "args": args, "kwargs": kwargs}
+        request = _call_request(payload)
+        name = request["name"]
         if payload.get("in_process") is True:
             return await self._call_here(request, payload)
         directory = tempfile.mkdtemp(prefix="graphene-call-")  # 0700, this agent's user only
@@ -555,6 +582,8 @@ class Executor:
     async def shutdown(self) -> None:
         """The agent is stopping: kill what runs (a restart reports them as interrupted)."""
         self.stopping = True
+        for call in list(self._live):
+            call.cancel()
         tasks: list[asyncio.Task[None]] = []
         for state in self.commands.values():
             if state.result is None and state.task is not None:

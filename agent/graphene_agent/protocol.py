@@ -31,6 +31,17 @@ is stored or re-sent, and when the connection drops the agent hangs up every one
    agent stops reading the terminal until the reader catches up), ``pty_exit`` ``{session,
    exit_code, signal, error?}`` (the last message of a session; ``exit_code`` is null when it
    could not start).
+
+Live calls ride it too, for a function of the server's own that a worker waits for in place
+(the docker kinds' engine requests): like terminals, nothing is stored, journaled or re-sent.
+An agent that serves them says so in its hello (``features``: ``LIVE_CALL``); the server sends
+none to an agent that did not.
+
+   server -> ``live_call`` ``{id, payload: {name, source, args, kwargs, timeout}}`` (a ``call``
+   command's payload): the agent calls the function in a thread of its own process;
+   agent -> ``live_result`` ``{id, status, value | error, error_type, error_message, traceback,
+   duration_s}`` (a ``call``'s result fields). If the connection drops first, the result is
+   lost with it: the server tells the waiting worker that the connection ended.
 """
 
 from __future__ import annotations
@@ -52,6 +63,9 @@ PUT_FILE = "put_file"
 GET_FILE = "get_file"
 CALL = "call"
 COMMAND_KINDS = (EXEC, PUT_FILE, GET_FILE, CALL)
+# What this agent serves beyond commands and terminals (sent in its hello as ``features``).
+LIVE_CALL = "live_call"
+FEATURES = (LIVE_CALL,)
 AT_LEAST_ONCE = "at_least_once"
 AT_MOST_ONCE = "at_most_once"
 GUARANTEES = (AT_LEAST_ONCE, AT_MOST_ONCE)

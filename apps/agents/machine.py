@@ -6,9 +6,15 @@ source and JSON arguments) for the record (``waiting_record``) and its operation
 moment for the result, and otherwise raises ``NotYet``: the command is a row, so it survives
 the worker, and when it ends the record's convergence or deletion is woken and takes the
 result here, once (``command_take``). A crash after the command ran only repeats an
-idempotent operation. ``request`` is the in-place form (operation ``sync:<op>``, which wakes
-nobody): the worker polls the row, cancelling the command if the agent leaves or the
-timeout passes.
+idempotent operation.
+
+``request`` is the in-place form. A call the agent may run in its own process
+(``in_process``) goes as a live call over the agent's connection (``apps.agents.live``: no
+row, a few milliseconds of its own) where the channel layer reaches the gateway and the
+agent offers them; otherwise as a command (operation ``sync:<op>``, which wakes nobody) whose
+row the worker polls. Either way the wait checks every ``CHECK_SECONDS`` that the agent is
+still connected, and stops the operation if it left (the command is cancelled) or the
+timeout passed.
 
 Lost machines (``_check_reachable``). Creating waits while the agent is away for less than
 the grace period; after that (``lost_at`` set, the agent record turned ``drifted``) it fails
@@ -21,6 +27,7 @@ machine; the record is deleted.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -29,6 +36,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from apps.agents import live
 from apps.agents import services as agents
 from apps.agents.choices import CommandKind, CommandStatus
 from apps.agents.models import Agent, AgentCommand
@@ -93,22 +101,25 @@ class AgentMachines:
         return self.run(record, agent_id, "observe", call, wait=OBSERVE_WAIT_SECONDS)
 
     def request(self, record: Record, agent_id: str, op: str, call: Call, *, purpose: Purpose, timeout: float) -> Any:
-        agent, state = _agent_and_state(agent_id)
+        agent, state = _recent_agent_and_state(agent_id)
         what = f"{op} on agent {agent.name if agent is not None else agent_id}"
         if agent is None or state is None or not state.is_connected or agent.phase in (Phase.DELETING, Phase.DELETED):
             _away(record, purpose, agent, state, what)
         assert agent is not None
+        assert state is not None
         # The function bounds itself by ``timeout``; the machine stops it a little after that.
         payload = {**call.payload(), "timeout": timeout + MARGIN_SECONDS / 2}
+        if call.in_process and state.channel_name and live.available():
+            try:
+                result = _live_request(record, purpose, agent_id, state, payload, call, timeout + MARGIN_SECONDS, what)
+            except live.Unsupported:
+                pass  # an agent from before live calls: as a command
+            else:
+                return _request_value(result, what)
         command = _submit(agent, record, f"{agents.SYNC_OPERATION}{op}", call, payload, what)
         finished = _wait_in_place(record, purpose, agent_id, command, timeout + MARGIN_SECONDS, what)
         agents.command_take(command=finished)
-        result = finished.result or {}
-        if finished.status != CommandStatus.SUCCEEDED:
-            detail = result.get("error_message") or finished.error or finished.status
-            error_type = result.get("error_type")
-            raise KindError(f"{what}: {f'{error_type}: ' if error_type else ''}{detail}")
-        return result.get("value")
+        return _request_value({**(finished.result or {}), "status": finished.status, "error": finished.error}, what)
 
     def abandon(self, record: Record, error: Abandoned, *, left: str) -> None:
         records.record_event_write(
@@ -126,9 +137,36 @@ def _agent_and_state(agent_id: str) -> tuple[Record | None, Agent | None]:
         pk = uuid.UUID(str(agent_id))
     except ValueError:
         raise PermanentError(f"agent {agent_id!r} is not an agent record id (a UUID)") from None
-    record = Record.objects.filter(pk=pk, kind=agents.AGENT_KIND).first()
-    state = Agent.objects.filter(pk=pk).first() if record is not None else None
-    return record, state
+    # One query for both while the agent has a connection state (each engine request asks).
+    state = Agent.objects.select_related("record").filter(pk=pk, record__kind=agents.AGENT_KIND).first()
+    if state is not None:
+        return state.record, state
+    return Record.objects.filter(pk=pk, kind=agents.AGENT_KIND).first(), None
+
+
+_recent = threading.local()
+
+
+def _recent_agent_and_state(agent_id: str) -> tuple[Record | None, Agent | None]:
+    """``_agent_and_state``, read at most ``CHECK_SECONDS`` ago by this thread while the agent
+    was connected: what a wait already trusts for as long (the docker kinds make a dozen
+    requests in a row). A connection that ended meanwhile is noticed as in a wait: its
+    gateway answers ``lost``, or the next look at the state finds it."""
+    seen: dict[str, tuple[float, Record | None, Agent | None]] = _recent.__dict__.setdefault("seen", {})
+    now = time.monotonic()
+    found = seen.get(agent_id)
+    if found is not None and now - found[0] < CHECK_SECONDS:
+        return found[1], found[2]
+    agent, state = _agent_and_state(agent_id)
+    if agent is not None and state is not None and state.is_connected and agent.phase not in _GONE:
+        seen[agent_id] = (now, agent, state)
+    else:
+        seen.pop(agent_id, None)
+    return agent, state
+
+
+def _forget_recent(agent_id: str) -> None:
+    _recent.__dict__.setdefault("seen", {}).pop(agent_id, None)
 
 
 def _submit(agent: Record, record: Record, op: str, call: Call, payload: dict[str, Any], what: str) -> AgentCommand:
@@ -215,6 +253,62 @@ def _wait_in_place(
             if away:
                 _away(record, purpose, agent, state, what)
             raise KindError(f"{what}: no answer within {seconds:g}s")
+
+
+def _live_request(
+    record: Record,
+    purpose: Purpose,
+    agent_id: str,
+    state: Agent,
+    payload: dict[str, Any],
+    call: Call,
+    seconds: float,
+    what: str,
+) -> dict[str, Any]:
+    """A live call's result fields (a call command's); ``live.Unsupported`` if the agent's
+    connection does not serve them. The agent leaving (or its connection changing) meanwhile
+    stops the operation, as for a command; so does the deadline."""
+    try:
+        clean = agents.command_payload_validate(CommandKind.CALL, payload)  # the limits a command has
+    except ValidationFailed as exc:
+        raise PermanentError(f"{what}: {exc.detail}") from exc
+    deadline = time.monotonic() + seconds
+    try:
+        pending = live.start(channel_name=state.channel_name, session=state.session, payload=clean, sealed=call.sealed)
+    except Exception as exc:  # the channel layer's store is unreachable: retried like any create
+        raise KindError(f"{what}: cannot reach the agent's connection: {exc}") from exc
+    while True:
+        try:
+            reply = pending.wait(min(CHECK_SECONDS, deadline - time.monotonic()))
+        except Exception as exc:  # sending it failed
+            raise KindError(f"{what}: cannot reach the agent's connection: {exc}") from exc
+        if reply is not None:
+            break
+        agent, fresh = _agent_and_state(agent_id)
+        if fresh is None or not fresh.is_connected or fresh.session != state.session:
+            pending.forget()
+            _forget_recent(agent_id)
+            _away(record, purpose, agent, fresh, what)
+        if time.monotonic() >= deadline:
+            pending.forget()
+            raise KindError(f"{what}: no answer within {seconds:g}s")
+    if reply.get("unsupported"):
+        raise live.Unsupported(what)
+    if "lost" in reply:
+        _forget_recent(agent_id)
+        agent, fresh = _agent_and_state(agent_id)
+        _away(record, purpose, agent, fresh, f"{what} ({reply['lost']})")
+    result: dict[str, Any] = reply.get("result") or {}
+    return result
+
+
+def _request_value(result: dict[str, Any], what: str) -> Any:
+    """A request's value, or its failure on the machine as a ``KindError``."""
+    if result.get("status") != CommandStatus.SUCCEEDED:
+        detail = result.get("error_message") or result.get("error") or result.get("status")
+        error_type = result.get("error_type")
+        raise KindError(f"{what}: {f'{error_type}: ' if error_type else ''}{detail}")
+    return result.get("value")
 
 
 def _value(command: AgentCommand, what: str) -> Any:

@@ -2,18 +2,20 @@
 
 docker-py's ``APIClient`` is a ``requests.Session``; ``agent_client`` mounts ``AgentAdapter``
 for a pseudo base URL (``http://graphene-agent:2375``, never resolved), whose ``send`` turns
-each HTTP request into one ``call`` command running ``_engine_http.engine_http`` on the
-machine, which speaks HTTP/1.1 to the engine's socket there. The kinds' code is the same on
+each HTTP request into one call of ``_engine_http.engine_http`` on the machine, which speaks
+HTTP/1.1 to the engine's socket there. The kinds' code is the same on
 the server and on an agent: only ``_common.client()`` changes, for the time a kind method
 runs under ``on_engine`` with ``agent`` in the record's spec.
 
 Each request is one ``machines().request`` (``kinds.machine``): a call waited for in place (a
 kind runs synchronously in a worker), which the machine answers with the engine's response
-as a dict, from which a ``requests.Response`` is built here. Its commands carry the operation
-``OPERATION``.
+as a dict, from which a ``requests.Response`` is built here. The calls are ``in_process``, so
+Graphene's agents app sends them as live calls over the agent's connection (no command row,
+a few milliseconds each: ``apps/agents/live.py``), or as ``call`` commands with the operation
+``OPERATION`` to an agent that does not serve live calls.
 
-An agent that is not connected (or leaves while a request is in flight: the request is
-cancelled) makes the operation stop, as ``kinds.machine`` says for the record's purpose:
+An agent that is not connected (or leaves while a request is in flight: the request ends
+unanswered) makes the operation stop, as ``kinds.machine`` says for the record's purpose:
 ``NotYet`` while the agent is only away (a create is called again later without counting an
 attempt; an observation looks again next interval), ``KindError`` once the agent is lost,
 and for a deletion the lost-machine deadline (past it, ``Abandoned``: ``on_agent`` records
@@ -159,14 +161,14 @@ def _read_timeout(timeout: Any) -> float:
 
 
 class AgentAdapter(requests.adapters.BaseAdapter):
-    """Sends each request as one ``call`` command to the agent (see the module's docstring)."""
+    """Sends each request as one call to the agent's machine (see the module's docstring)."""
 
     def __init__(self, agent_id: str) -> None:
         super().__init__()
         self.agent_id = agent_id
 
     def close(self) -> None:
-        """Nothing to close: each request is a command of its own."""
+        """Nothing to close: each request is a call of its own."""
 
     def send(
         self,
@@ -260,7 +262,7 @@ class AgentAdapter(requests.adapters.BaseAdapter):
             engine_http,
             kwargs=kwargs,
             sealed=target.sealed,  # the container's environment may carry secrets' values (I7)
-            in_process=True,  # bounded by its own timeout: no interpreter to start per request
+            in_process=True,  # bounded by its own timeout: no interpreter per request, and it may go live
         )
         value = machines().request(target.record, self.agent_id, NAME, call, purpose=target.mode, timeout=seconds)
         if not isinstance(value, dict):

@@ -6,6 +6,10 @@ fences its writes. It joins the group ``agent.<id>``, whose messages are hints (
 commands", "close"); it then reads the command rows, which are the truth. It also re-reads
 them on every heartbeat, so a lost hint delays a command by one heartbeat, never loses it.
 
+It relays live calls (``apps.agents.live``): a worker's ``agent.live_call`` goes to the agent
+as ``live_call`` and its ``live_result`` back to the worker's reply channel; nothing is
+stored. A connection that ends answers its calls still under way with ``lost``.
+
 It also relays terminals for ``consumers.terminal``: ``pty.*`` messages from a user's consumer
 go to the agent, the agent's ``pty_*`` answers go back to the user's channel, and the gateway
 writes the ``TerminalOpened`` and ``TerminalClosed`` events (it sees every end: the program's
@@ -29,10 +33,10 @@ from django.conf import settings
 from django.utils import timezone
 from graphene_agent import protocol
 
-from apps.agents import services
+from apps.agents import live, services
 from apps.core import audit, validation
 from apps.core.db import on_db_thread
-from apps.core.errors import ValidationFailed
+from apps.core.errors import GrapheneError, ValidationFailed
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         self.cancels_sent: set[str] = set()
         self.deliver_lock = asyncio.Lock()
         self.ptys: dict[str, dict[str, Any]] = {}  # terminal session -> its user and start
+        self.features: frozenset[str] = frozenset()  # what the agent's hello offers
+        self.live_calls: dict[str, str] = {}  # live call id -> the worker's reply channel
         self.expiry_timer: asyncio.Future[None] | None = None
         await self.accept()
         self.auth_timer = asyncio.ensure_future(self._auth_timeout())
@@ -88,6 +94,9 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             await self._ptys_lost()
         except Exception:  # the users' consumers notice by themselves (their watchdog)
             logger.exception("could not end the terminals of agent %s", self.record_id)
+        calls, self.live_calls = self.live_calls, {}
+        for call_id, reply_to in calls.items():
+            await channel_send(self.channel_layer, reply_to, live.lost_reply(call_id, "the agent's connection ended"))
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.record_id is not None and self.session is not None:
@@ -170,6 +179,10 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             self.cancels_sent.discard(str(message["id"]))
             await self.send_json({"type": "ack", "id": message["id"], "result": True})
             await self._deliver(everything=False)  # a command held back behind this one may go now
+        elif kind == "live_result":
+            reply_to = self.live_calls.pop(str(message["id"]), None)
+            if reply_to is not None:  # else: the call was not sent on this connection
+                await channel_send(self.channel_layer, reply_to, live.result_reply(message))
         elif kind in ("pty_opened", "pty_output", "pty_exit"):
             await self._pty_from_agent(kind, message)
         else:
@@ -209,6 +222,10 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             )
         except ValidationFailed as exc:
             raise ProtocolError(exc.detail) from None
+        features = message.get("features") or []
+        if not isinstance(features, list):
+            raise ProtocolError("the hello's features must be a list")
+        self.features = frozenset(str(f) for f in features)
         session = uuid.uuid4()
         previous = await self._as_agent(services.agent_connect)(
             record_id=self.record_id,
@@ -249,6 +266,24 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
             await self.refuse(int(event.get("code") or protocol.CLOSE_REFUSED), str(event.get("reason", "")))
             return
         await self._deliver(everything=False)
+
+    async def agent_live_call(self, event: dict[str, Any]) -> None:
+        """A worker's live call: to the agent, if this is still the connection it was meant for
+        and the agent serves live calls (else the worker sends it as a command instead)."""
+        call_id, reply_to = str(event["id"]), str(event["reply_to"])
+        if self.session is None or str(self.session) != str(event.get("session")):
+            await channel_send(self.channel_layer, reply_to, live.lost_reply(call_id, "the agent's connection changed"))
+            return
+        if protocol.LIVE_CALL not in self.features:
+            await channel_send(self.channel_layer, reply_to, live.unsupported_reply(call_id))
+            return
+        try:
+            payload = live.opened(event)
+        except GrapheneError as exc:
+            await channel_send(self.channel_layer, reply_to, live.lost_reply(call_id, exc.detail))
+            return
+        self.live_calls[call_id] = reply_to
+        await self.send_json({"type": protocol.LIVE_CALL, "id": call_id, "payload": payload})
 
     async def agent_superseded(self, event: dict[str, Any]) -> None:
         await self.close(code=protocol.CLOSE_SUPERSEDED, reason="superseded by a newer connection")
