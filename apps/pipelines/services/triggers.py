@@ -317,8 +317,8 @@ def _firing_end(firing: TriggerFiring, status: str, *, run: Run | None = None, e
 def firing_process(firing_id: int) -> TriggerFiring | None:
     """Start the run of a pending firing, or record why not: the trigger is paused (skipped),
     or the start was refused (failed, with the reason). Once, whoever calls and however often:
-    the run's idempotency key is the firing's, and only the call that moves the firing out of
-    ``pending`` writes the trigger's event."""
+    the run's idempotency key is the firing's (a second start returns the first's run), and
+    only the call that moves the firing out of ``pending`` writes the trigger's event."""
     from apps.pipelines.services.starts import run_start
 
     firing = TriggerFiring.objects.select_related("trigger__pipeline").filter(pk=firing_id).first()
@@ -341,20 +341,21 @@ def firing_process(firing_id: int) -> TriggerFiring | None:
     except Exception as exc:
         trace = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
         problem = f"its inputs function raised {type(exc).__name__}: {exc}\n{trace}"
+    run = None
+    if inputs is not None:
+        try:  # committed on its own, so that its worker starts it at once (the key keeps it one run)
+            run = run_start(
+                pipeline_name=trigger.pipeline.name,
+                inputs=inputs,
+                idempotency_key=f"trigger:{trigger.pk}:{firing.key}"[:255],
+                cause=firing.cause,
+                trigger=trigger,
+            )
+        except GrapheneError as exc:
+            problem = str(exc.detail)
+    # The bookkeeping after: a process that dies in between leaves the firing pending, and the
+    # tick's second try finds the run by its key (the start is replayed, not repeated).
     with transaction.atomic():
-        run = None
-        if inputs is not None:
-            try:
-                with transaction.atomic():
-                    run = run_start(
-                        pipeline_name=trigger.pipeline.name,
-                        inputs=inputs,
-                        idempotency_key=f"trigger:{trigger.pk}:{firing.key}"[:255],
-                        cause=firing.cause,
-                        trigger=trigger,
-                    )
-            except GrapheneError as exc:
-                problem = str(exc.detail)
         status = FiringStatus.STARTED if run is not None else FiringStatus.FAILED
         if not pending.update(status=status, run=run, error=problem, done_at=timezone.now()):
             return TriggerFiring.objects.filter(pk=firing.pk).first()  # another call ended it
