@@ -292,6 +292,8 @@ def copy_trees(
     Returns rows written."""
     from django.db import connection, transaction
 
+    from apps.records.models import TREE_ID_SEQUENCE
+
     now = datetime.now(UTC)
     spec_json = json.dumps(child_spec)
     rows = 0
@@ -340,6 +342,9 @@ def copy_trees(
                 for _tree_id, nodes in trees:
                     for n in nodes:
                         copy.write_row((n.id, "declared", "Declared", "", "{}", now))
+        # New roots take their tree ids from a sequence (apps/records/models.py): move it past
+        # the ids written here (nothing happens while it does not exist yet).
+        wrapper.execute("SELECT setval(to_regclass(%s), (SELECT MAX(tree_id) FROM records_record))", [TREE_ID_SEQUENCE])
     return rows
 
 

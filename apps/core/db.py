@@ -12,6 +12,10 @@ gives as advisory locks are taken here, each with what stands in for it on SQLit
   every write transaction there takes the database's write lock as it begins
   (``transaction_mode: IMMEDIATE``, settings/base.py), which serializes such blocks already.
 
+Numbers that concurrent transactions take without waiting for each other (a run's number, a
+new record tree's id) come from PostgreSQL sequences, ``sequence_next(name, taken=...)``; on
+SQLite the caller counts on from the highest taken, its write lock serializing the writers.
+
 Keys are 64-bit integers; ``lock_key(name)`` makes one from a name.
 
 The web process's asynchronous code (websocket consumers, ASGI middleware, live follows)
@@ -24,14 +28,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -122,6 +126,41 @@ def advisory_xact_lock(key: int) -> None:
     if is_postgresql():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def sequence_next(name: str, *, taken: str, params: Sequence[Any] = ()) -> int:
+    """The next value of the PostgreSQL sequence ``name`` (one round trip, no lock: a sequence
+    hands out each value once, whatever the transactions around it do; a value taken by a
+    transaction that rolls back is skipped). ``taken``: a query answering the highest value
+    already in use (or NULL), with its ``params``, where a sequence made on first use starts
+    after it.
+
+    Made on first use rather than by a migration, so that anything (a pipeline, the record
+    tree) gets one whenever it first needs numbers. Only one transaction makes it: the maker
+    holds an advisory lock until its transaction commits, and whoever waited for it finds it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(to_regclass(%s))", [name])  # NULL while there is no such sequence
+        value = cursor.fetchone()[0]
+        if value is not None:
+            return int(value)
+        with transaction.atomic():  # the lock must outlive the statements that make the sequence
+            advisory_xact_lock(lock_key(f"sequence:{name}"))
+            # Looked up in pg_class itself: this statement's snapshot sees a sequence committed
+            # while we waited for the lock; the name lookup of to_regclass/regclass may not (this
+            # backend's catalog cache can still say "no such relation" until it next takes a
+            # relation lock), so the value is then taken by its oid.
+            cursor.execute(
+                "SELECT oid FROM pg_class WHERE relname = %s AND relnamespace = current_schema()::regnamespace",
+                [name],
+            )
+            found = cursor.fetchone()
+            if found is None:
+                cursor.execute(f'CREATE SEQUENCE "{name}"')
+                cursor.execute(f"SELECT setval(%s, COALESCE(({taken}), 0) + 1, false)", [name, *params])
+                cursor.execute("SELECT nextval(%s)", [name])
+            else:
+                cursor.execute("SELECT nextval(%s::oid)", [found[0]])
+            return int(cursor.fetchone()[0])
 
 
 def closes_connections(fn: Callable[P, T]) -> Callable[P, T]:

@@ -96,5 +96,11 @@ def _flush(messages: list[_Message]) -> None:
 
 def publish_on_commit(group: str, payload: dict[str, Any]) -> None:
     """Send ``payload`` to ``group`` once the surrounding transaction commits."""
-    message = (group, {"type": "graphene.notify", **payload})
-    transaction.on_commit(lambda: _flush([message]))
+    publish_all_on_commit([(group, payload)])
+
+
+def publish_all_on_commit(messages: list[tuple[str, dict[str, Any]]]) -> None:
+    """Send each ``(group, payload)`` once the surrounding transaction commits, handed over in
+    one go (one commit hook, one wake-up of the sending thread)."""
+    batch = [(group, {"type": "graphene.notify", **payload}) for group, payload in messages]
+    transaction.on_commit(lambda: _flush(batch))

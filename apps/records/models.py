@@ -11,9 +11,30 @@ from django.db.models import Q
 from mptt.managers import TreeManager
 from mptt.models import MPTTModel, TreeForeignKey
 
+from apps.core.db import is_postgresql, sequence_next
 from apps.core.domain import RecordRef
 from apps.core.models import TimeStampedModel
 from apps.records.choices import ROOT_KINDS, DriftPolicy, EventType, Phase
+
+
+class RecordManager(TreeManager, models.Manager["Record"]):  # typed as a Manager: mptt ships no type hints
+    """mptt's tree manager, numbering new trees without a lock.
+
+    mptt numbers a new root's tree ``max(tree_id) + 1``, which two transactions creating roots
+    at once both compute alike (two roots in one tree), so every root creation had to wait for
+    the previous one to commit. On PostgreSQL a sequence numbers them instead; on SQLite the
+    write lock every write transaction takes serializes them already.
+    """
+
+    def _get_next_tree_id(self) -> int:
+        if not is_postgresql(self.db):
+            return int(super()._get_next_tree_id())
+        return sequence_next(TREE_ID_SEQUENCE, taken="SELECT MAX(tree_id) FROM records_record")
+
+
+# The sequence of tree ids (apps.core.db.sequence_next): whatever writes trees by other means
+# (a bulk load) must move it past the ids it used.
+TREE_ID_SEQUENCE = "records_record_tree_id"
 
 
 class Record(MPTTModel, TimeStampedModel):
@@ -73,7 +94,7 @@ class Record(MPTTModel, TimeStampedModel):
     protected_by = models.CharField(max_length=200, blank=True)
     protected_at = models.DateTimeField(null=True, blank=True)
 
-    objects = TreeManager()
+    objects = RecordManager()
 
     class MPTTMeta:
         order_insertion_by: list[str] = []

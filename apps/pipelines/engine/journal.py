@@ -110,7 +110,9 @@ class Journal:
     def __init__(self, run: Run, token: uuid.UUID) -> None:
         self.run = run
         self.token = token
-        self.entries = {e.seq: e for e in JournalEntry.objects.filter(run=run)}
+        # Only an execution holding the run's lease writes its journal: on the first attempt
+        # (the run's first lease) there is nothing to read.
+        self.entries = {e.seq: e for e in JournalEntry.objects.filter(run=run)} if run.attempt > 1 else {}
         self.seq = 0
         self.divergence: NonDeterminismError | None = None
         # Set once this execution learns it lost the run (the heartbeat, a fenced write).

@@ -108,12 +108,16 @@ def _triggers_sync(row: Pipeline) -> None:
     PipelineEvent.objects.bulk_create(triggers.triggers_reconcile(row, specs))
 
 
-def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = None) -> Pipeline:
+def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = None, lock: bool = False) -> Pipeline:
     """The Pipeline row for a loaded definition, updated if the code changed (``row``: the
-    row as read already, to spare the read). A pipeline delivered as revisions keeps the row
-    its activation wrote."""
+    row as read already, to spare the read), with its active revision. A pipeline delivered as
+    revisions keeps the row its activation wrote.
+
+    ``lock``: the row is locked (``FOR UPDATE``) to the end of the caller's transaction, read
+    and locked in one statement (a start whose concurrency policy takes turns)."""
     if row is None:
-        row = Pipeline.objects.filter(name=definition.name).first()
+        query = Pipeline.objects.select_related("revision").filter(name=definition.name)
+        row = (query.select_for_update(of=("self",)) if lock else query).first()
     if row is not None and row.revision_id is not None:
         return row
     fields = _pipeline_fields(definition)
@@ -125,7 +129,9 @@ def pipeline_sync(definition: Definition[Any, Any], *, row: Pipeline | None = No
             row, created = Pipeline.objects.get_or_create(name=definition.name, defaults=fields)
             if created and row.trigger_specs:
                 _triggers_sync(row)
-        return row
+        return (
+            Pipeline.objects.select_for_update(of=("self",)).select_related("revision").get(pk=row.pk) if lock else row
+        )
     changed = {k: v for k, v in fields.items() if getattr(row, k) != v}
     if "namespace" in changed:
         Namespace.objects.get_or_create(name=definition.namespace)

@@ -40,7 +40,13 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
     taken over at once (``recovery.runs_take_over``) instead of when the lease expires."""
     now = timezone.now()
     with transaction.atomic():
-        run = Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
+        # With its pipeline's row (not locked): the execution needs its name and policies.
+        run = (
+            Run.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("pipeline")
+            .filter(pk=run_id)
+            .first()
+        )
         if run is None:
             return None
         expired = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)

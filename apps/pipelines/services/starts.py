@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 
 from apps.core import access
+from apps.core.db import is_postgresql, sequence_next
 from apps.core.errors import Conflict, GrapheneError, NotFound, ValidationFailed
 from apps.pipelines.causes import cause_text, parent_cause, user_cause
 from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
@@ -46,10 +47,13 @@ def _create_run(
     cause: dict[str, Any] | None = None,
     trigger: Trigger | None = None,
 ) -> Run:
-    number = (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
+    number = run_number_next(row)
     root = records.record_create_root(
         kind="graphene.run", name=f"{row.name}#{number}", namespace=row.namespace, actor=actor
     )
+    if status == RunStatus.QUEUED:
+        # Before the run's own notifications: after the commit a worker is told first, watchers next.
+        run_enqueue_on_commit(root.pk)
     deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
     run = Run.objects.create(
         id=root.pk,
@@ -72,9 +76,22 @@ def _create_run(
     message = f"started by {cause_text(run.cause)}" if run.cause.get("type") not in ("user", "system") else ""
     run_created(run=run, reason=reason, message=message, actor=actor)
     run_audit("run.start", run, actor=actor, before=None, status=status)
-    if status == RunStatus.QUEUED:
-        run_enqueue_on_commit(run.pk)
     return run
+
+
+def run_number_next(row: Pipeline) -> int:
+    """The next number of a run of pipeline ``row``: unique, increasing, gaps allowed (a start
+    that rolls back leaves its number unused). On PostgreSQL a sequence per pipeline, so that
+    starts of a ``parallel`` pipeline never wait for each other to number their runs; on
+    SQLite the highest number + 1 (its write lock serializes the starts)."""
+    if not is_postgresql():
+        return (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
+    taken = "SELECT MAX(number) FROM pipelines_run WHERE pipeline_id = %s"
+    return sequence_next(f"pipelines_run_number_{int(row.pk)}", taken=taken, params=[row.pk])
+
+
+# Concurrency policies whose starts decide from the pipeline's other runs, under its row lock.
+TAKES_TURNS = ("queue", "cancel_previous")
 
 
 class IdempotencyKeyReused(GrapheneError):
@@ -151,50 +168,65 @@ def run_start(
     if actor is not None:
         access.require(actor, "start", "runs", definition.namespace)
     clean = inputs_validate(definition, inputs)
-    with transaction.atomic():
-        row = pipeline_sync(definition)
-        row = Pipeline.objects.select_for_update().get(pk=row.pk)  # serializes numbering and turns
-        pinned = revision or (row.revision if row.revision_id is not None else None)
-        if pinned is not None and revision is None:
-            # The revision active now, under the lock (activation may have moved it since).
-            definition = definition_get(pipeline_name, revision=pinned)
-            clean = inputs_validate(definition, inputs)
-        if idempotency_key is not None and (earlier := _replay(row, idempotency_key, clean)) is not None:
-            return earlier
-        status, reason = RunStatus.QUEUED, "Started"
-        active = Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))
-        if definition.concurrency == "queue":
-            waiting = Run.objects.filter(pipeline=row, parent_run__isnull=True, status=RunStatus.WAITING).count()
-            if active.exists() or waiting:
-                if definition.max_pending is not None and waiting >= definition.max_pending:
-                    raise Conflict(
-                        f"pipeline {row.name!r} runs one at a time and already has {waiting} run(s) waiting "
-                        f"(max_pending={definition.max_pending}); wait for one to finish or cancel one",
-                        code="concurrency_limit",
+    # ``queue`` and ``cancel_previous`` decide from the pipeline's other runs: their starts take
+    # the pipeline's row lock, one after the other. ``parallel`` starts decide nothing from each
+    # other and never wait for one another: their numbers come from a sequence, and two starts
+    # with one idempotency key meet at its unique constraint (the loser answers the winner's run).
+    turns = definition.concurrency in TAKES_TURNS
+    row: Pipeline | None = None
+    try:
+        with transaction.atomic():
+            while True:
+                row = pipeline_sync(definition, lock=turns)
+                pinned = revision or row.revision
+                if pinned is not None and revision is None:
+                    # The revision active now (activation may have moved it since ``definition_get``).
+                    current = definition_get(pipeline_name, revision=pinned)
+                    if current is not definition:
+                        definition, clean = current, inputs_validate(current, inputs)
+                if turns or definition.concurrency not in TAKES_TURNS:
+                    break
+                turns = True  # the revision activated meanwhile takes turns: read the row again, locked
+            if idempotency_key is not None and (earlier := _replay(row, idempotency_key, clean)) is not None:
+                return earlier
+            status, reason = RunStatus.QUEUED, "Started"
+            active = Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))
+            if definition.concurrency == "queue":
+                waiting = Run.objects.filter(pipeline=row, parent_run__isnull=True, status=RunStatus.WAITING).count()
+                if active.exists() or waiting:
+                    if definition.max_pending is not None and waiting >= definition.max_pending:
+                        raise Conflict(
+                            f"pipeline {row.name!r} runs one at a time and already has {waiting} run(s) waiting "
+                            f"(max_pending={definition.max_pending}); wait for one to finish or cancel one",
+                            code="concurrency_limit",
+                        )
+                    status, reason = RunStatus.WAITING, "WaitingForTurn"
+            elif definition.concurrency == "cancel_previous":
+                for previous in active.order_by("number"):
+                    run_finish(
+                        run=previous,
+                        status=RunStatus.CANCELLED,
+                        error="cancelled: a newer run of the pipeline started",
+                        reason="NewerRunStarted",
+                        actor=actor,
                     )
-                status, reason = RunStatus.WAITING, "WaitingForTurn"
-        elif definition.concurrency == "cancel_previous":
-            for previous in active.order_by("number"):
-                run_finish(
-                    run=previous,
-                    status=RunStatus.CANCELLED,
-                    error="cancelled: a newer run of the pipeline started",
-                    reason="NewerRunStarted",
-                    actor=actor,
-                )
-        run = _create_run(
-            definition=definition,
-            row=row,
-            inputs=clean,
-            status=status,
-            reason=reason,
-            actor=actor,
-            idempotency_key=idempotency_key,
-            revision=pinned,
-            cause=cause,
-            trigger=trigger,
-        )
-    return run
+            return _create_run(
+                definition=definition,
+                row=row,
+                inputs=clean,
+                status=status,
+                reason=reason,
+                actor=actor,
+                idempotency_key=idempotency_key,
+                revision=pinned,
+                cause=cause,
+                trigger=trigger,
+            )
+    except IntegrityError:
+        # A concurrent start with this key committed first (``parallel``: nothing serialized the two).
+        if row is None or idempotency_key is None or (earlier := _replay(row, idempotency_key, clean)) is None:
+            raise
+        return earlier
 
 
 def run_start_children(
@@ -211,8 +243,7 @@ def run_start_children(
             f"of namespace {definition.namespace!r}: runs start child runs only in their own namespace"
         )
     clean = [inputs_validate(definition, item) for item in inputs]
-    row = pipeline_sync(definition)
-    row = Pipeline.objects.select_for_update().get(pk=row.pk)
+    row = pipeline_sync(definition)  # no lock: the children's numbers come from a sequence
     if revision is None and row.revision_id is not None:
         revision = row.revision
         definition = definition_get(pipeline_name, revision=revision)

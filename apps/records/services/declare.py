@@ -72,7 +72,6 @@ def labels_validate(labels: Any) -> dict[str, str]:
     return labels
 
 
-@transaction.atomic
 def record_create_root(
     *,
     kind: str,
@@ -83,36 +82,44 @@ def record_create_root(
     actor: Actor = None,
     phase: str = Phase.READY,
 ) -> Record:
-    """Create a root (a run, a stand or the sweeper): the top of a new, separate tree."""
+    """Create a root (a run, a stand or the sweeper): the top of a new, separate tree.
+
+    A run's root takes no lock: its tree id comes from a sequence (``RecordManager``) and no
+    other root can hold its name. A named root (a stand, the sweeper) is one live root per
+    kind, namespace and name: those wait for each other, so that the check below is true when
+    the row is written. Inside the caller's transaction a run's root costs no savepoint: what
+    can be refused is refused before anything is written, and after that only the database can
+    fail, which fails the caller's transaction anyway."""
     if kind not in ROOT_KINDS:
         raise ValidationFailed(f"{kind} is not a root kind", fields={"kind": [f"roots are {sorted(ROOT_KINDS)}"]})
     validation.check_text(name, field="name")
     validation.check_text(namespace, field="namespace")
     validation.check_json(spec or {}, path="spec", what="the spec")
-    # mptt numbers a new tree max(tree_id)+1: serialize root creation so two roots never
-    # share a tree. The lock is held to the end of this short transaction.
-    advisory_xact_lock(0x6772617068656E65)  # "graphene"
-    if (
-        kind != "graphene.run"
-        and Record.objects.filter(kind=kind, namespace=namespace, name=name, parent__isnull=True)
-        .exclude(phase=Phase.DELETED)
-        .exists()
-    ):
-        raise Conflict(f"a live {kind} named {name!r} already exists")
-    record = Record(
-        kind=kind,
-        name=name,
-        namespace=namespace,
-        spec=spec or {},
-        labels=labels_validate(labels),
-        phase=phase,
-        observed_generation=1,
-    )
-    record.save(force_insert=True)  # a new root: mptt gives it the next tree id
-    Event.objects.create(**_event_kwargs(record.pk, EventType.DECLARED, reason="Created", actor=actor))
-    if kind != "graphene.run":  # a run's root is its run (the same id): run.start is its row
-        _audit("record.create", record, actor=actor, before=None, after=_audited(record))
-    _notify([record])
+    labels = labels_validate(labels)
+    named = kind != "graphene.run"
+    with transaction.atomic(savepoint=named):
+        if named:
+            advisory_xact_lock(0x6772617068656E65)  # "graphene": named roots, one after the other
+            if (
+                Record.objects.filter(kind=kind, namespace=namespace, name=name, parent__isnull=True)
+                .exclude(phase=Phase.DELETED)
+                .exists()
+            ):
+                raise Conflict(f"a live {kind} named {name!r} already exists")
+        record = Record(
+            kind=kind,
+            name=name,
+            namespace=namespace,
+            spec=spec or {},
+            labels=labels,
+            phase=phase,
+            observed_generation=1,
+        )
+        record.save(force_insert=True)  # a new root: mptt gives it the next tree id
+        Event.objects.create(**_event_kwargs(record.pk, EventType.DECLARED, reason="Created", actor=actor))
+        if named:  # a run's root is its run (the same id): run.start is its row
+            _audit("record.create", record, actor=actor, before=None, after=_audited(record))
+        _notify([record])
     return record
 
 

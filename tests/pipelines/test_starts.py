@@ -1,0 +1,105 @@
+"""Starts of one pipeline wait for each other only when its concurrency policy decides from its
+other runs: ``parallel`` starts never wait (numbers from a sequence, each run its own tree
+without a lock), ``queue`` starts take the pipeline's row lock one after the other."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from apps.pipelines import services
+from apps.pipelines.choices import RunStatus
+from apps.pipelines.models import Run
+from apps.records.models import Record
+from tests.harness.wait import wait_for
+
+
+def _in_thread(start: Callable[[], Run]) -> tuple[threading.Thread, list[Any]]:
+    """``start()`` in a thread of its own (its own connection); its run or error lands in the list."""
+    outcome: list[Any] = []
+
+    def body() -> None:
+        try:
+            outcome.append(start())
+        except BaseException as exc:  # reported by the test
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_starts_of_a_parallel_pipeline_number_their_runs_once_each_in_trees_of_their_own() -> None:
+    barrier = threading.Barrier(8)
+
+    def start() -> Run:
+        barrier.wait(timeout=30)
+        return services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+
+    started = [_in_thread(start) for _ in range(8)]
+    for thread, _ in started:
+        thread.join(timeout=60)
+    outcomes = [outcome[0] for _, outcome in started]
+    assert all(isinstance(o, Run) for o in outcomes), outcomes
+    runs = Run.objects.filter(pipeline__name="sample.noop")
+    assert sorted(runs.values_list("number", flat=True)) == list(range(1, 9))
+    roots = list(Record.objects.filter(pk__in=[r.pk for r in runs]))
+    assert len({r.tree_id for r in roots}) == 8
+    assert all((r.lft, r.rght, r.level, r.parent_id) == (1, 2, 0, None) for r in roots)
+    assert Record.objects.filter(tree_id__in=[r.tree_id for r in roots]).count() == 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parallel_start_does_not_wait_for_another_start_still_in_its_transaction() -> None:
+    # The pipeline's first start made its row and its numbering (which later starts only read).
+    services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    with transaction.atomic():
+        first = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+        # Not committed yet: a lock taken by this start (the pipeline's row, the tree numbering)
+        # would hold the next start until the commit below.
+        thread, outcome = _in_thread(lambda: services.run_start(pipeline_name="sample.noop", inputs={"steps": 0}))
+        wait_for(lambda: outcome, timeout=20, what="the second start to return while the first is uncommitted")
+    thread.join(timeout=10)
+    second = outcome[0]
+    assert isinstance(second, Run), second
+    assert {first.number, second.number} == {2, 3}
+    assert Run.objects.filter(pk__in=[first.pk, second.pk]).count() == 2
+
+
+def _waiting_for_us_on_the_pipeline_row() -> bool:
+    """Another backend waits for a lock this connection's transaction holds, reading a pipeline row."""
+    with connection.cursor() as cursor:
+        # Inside a transaction PostgreSQL keeps the first view of pg_stat_activity: look afresh.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid)) "
+            "AND query LIKE %s",
+            ['SELECT "pipelines_pipeline".%'],  # the statement's start (pg_stat_activity keeps 1 kB of it)
+        )
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_starts_take_turns_on_the_pipeline_lock() -> None:
+    inputs = {"label": "a", "seconds": 0}
+    turn = services.run_start(pipeline_name="sample.queue", inputs=inputs)  # holds the turn; made the row
+    with transaction.atomic():
+        first = services.run_start(pipeline_name="sample.queue", inputs=inputs)
+        thread, outcome = _in_thread(lambda: services.run_start(pipeline_name="sample.queue", inputs=inputs))
+        wait_for(
+            _waiting_for_us_on_the_pipeline_row, timeout=20, what="the second start to wait for the first one's lock"
+        )
+        assert not outcome
+    thread.join(timeout=20)
+    second = outcome[0]
+    assert isinstance(second, Run), second
+    assert turn.status == RunStatus.QUEUED
+    assert (first.status, second.status) == (RunStatus.WAITING, RunStatus.WAITING)
+    assert [turn.number, first.number, second.number] == [1, 2, 3]  # numbered in the order they decided
