@@ -96,5 +96,12 @@ def _flush(messages: list[_Message]) -> None:
 
 def publish_on_commit(group: str, payload: dict[str, Any]) -> None:
     """Send ``payload`` to ``group`` once the surrounding transaction commits."""
-    message = (group, {"type": "graphene.notify", **payload})
-    transaction.on_commit(lambda: _flush([message]))
+    publish_many_on_commit([(group, payload)])
+
+
+def publish_many_on_commit(messages: list[tuple[str, dict[str, Any]]]) -> None:
+    """Send each ``(group, payload)`` once the surrounding transaction commits, in one hand-over
+    to the layer (the in-memory layer's ``async_to_sync`` starts a thread per hand-over)."""
+    batch = [(group, {"type": "graphene.notify", **payload}) for group, payload in messages]
+    if batch:
+        transaction.on_commit(lambda: _flush(batch))

@@ -192,11 +192,19 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         # A duplicate message (a redelivery after a worker died, the reconciler) may have run
         # the same deletes meanwhile: re-read our rows under their locks and finish only those
         # still deleting, so each record is marked deleted exactly once.
+        # Only what can have changed meanwhile is read again (the phase, the attempts): the rest
+        # of each row is what the claim read, and loading whole rows again cost a model
+        # instance and the JSON columns per record.
         fresh = {
-            r.pk: r
-            for r in Record.objects.select_for_update(no_key=True).filter(pk__in=[r.pk for r in claim]).order_by("pk")
+            pk: (phase, attempts)
+            for pk, phase, attempts in Record.objects.select_for_update(no_key=True)
+            .filter(pk__in=[r.pk for r in claim])
+            .order_by("pk")
+            .values_list("pk", "phase", "attempts")
         }
-        claim = [fresh[r.pk] for r in claim if r.pk in fresh and fresh[r.pk].phase == Phase.DELETING]
+        claim = [r for r in claim if fresh.get(r.pk, ("",))[0] == Phase.DELETING]
+        for r in claim:
+            r.phase, r.attempts = fresh[r.pk]
         now = timezone.now()
         done = [r for r in claim if results[r.pk] is None]
         waiting = [r for r in claim if isinstance(results[r.pk], NotYet)]
