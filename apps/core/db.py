@@ -215,7 +215,7 @@ def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
     payload = [{f.column: _json_value(f.get_prep_value(getattr(row, f.attname))) for f in fields} for row in rows]
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f.column) for f in fields)
-    types = ", ".join(f"{quote(f.column)} {f.rel_db_type(connection) if f.is_relation else f.db_type(connection)}" for f in fields)
+    types = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
     sql = (
         f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608 - names from the model
         f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS x({types})"
