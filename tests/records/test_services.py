@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.core.errors import Conflict, ValidationFailed
@@ -228,8 +228,16 @@ def test_a_redelivered_batch_goes_on_up_from_records_already_deleted(
     chain = _chain(django_capture_on_commit_callbacks)
     leaf = chain[-1]
     with django_capture_on_commit_callbacks(execute=False):
-        assert delete._delete_step([str(leaf.pk)]) == [chain[-2].pk]  # ... and the task dies here
-    assert phases(*chain) == [Phase.READY, Phase.READY, Phase.READY, Phase.DELETED]
+        with transaction.atomic():
+            batch = delete._claim([str(leaf.pk)])
+        assert batch is not None
+        results = delete._run_deletes(batch.records, batch.wait_for_create)
+        with transaction.atomic():
+            parents = delete._finish(batch.records, results, timezone.now())
+            assert parents == [chain[-2].pk]
+            delete._claim(parents)  # the parent is claimed with the leaf's end ... and the task dies here
+    assert phases(*chain) == [Phase.READY, Phase.READY, Phase.DELETING, Phase.DELETED]
+    assert objects_of(str(chain[-2].pk)) != []
     with django_capture_on_commit_callbacks(execute=False):
         services.record_delete_batch(record_ids=[str(leaf.pk)])
     assert set(phases(*chain)) == {Phase.DELETED}
