@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -37,7 +38,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Model
-from django.db.models.fields import AutoFieldMixin
+from django.db.models.fields import AutoFieldMixin, Field
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -197,28 +198,57 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class JsonRows:
+    """Rows of a model as one JSON parameter for PostgreSQL's ``jsonb_to_recordset``:
+    ``FROM jsonb_to_recordset(%s::jsonb) AS x(<recordset>)`` yields ``columns``."""
+
+    columns: list[str]  # quoted column names
+    recordset: str  # the column definition list
+    param: str
+
+
+def json_rows(model: type[Model], rows: Sequence[Model], *, exclude: Sequence[str] = ()) -> JsonRows:
+    """``rows`` (unsaved) as a ``JsonRows``: every concrete column but an auto id and those named
+    in ``exclude``, each value as ``bulk_create`` takes it (``pre_save``: ``auto_now`` columns
+    are set) and prepared by its field (JSON columns stay JSON).
+
+    One parameter instead of ``bulk_create``'s one per column per row, each quoted in Python by
+    the client cursor and prepared through its field: for a deletion batch's hundred spans that
+    cost more of a worker's CPU than the statement (bench/cascade_delete.py)."""
+    fields, columns, recordset = _recordset(model, tuple(exclude))
+    payload = [{f.column: _json_value(f.get_prep_value(f.pre_save(row, True))) for f in fields} for row in rows]
+    return JsonRows(columns=columns, recordset=recordset, param=json.dumps(payload, cls=DjangoJSONEncoder))
+
+
+@functools.cache
+def _recordset(model: type[Model], exclude: tuple[str, ...]) -> tuple[list[Field[Any, Any]], list[str], str]:
+    """A model's inserted fields, their quoted columns and the column definition list (the same
+    for every statement: computed once per process)."""
+    fields = [
+        f
+        for f in model._meta.concrete_fields
+        if not (f.primary_key and isinstance(f, AutoFieldMixin)) and f.column not in exclude
+    ]
+    quote = connection.ops.quote_name
+    columns = [quote(f.column) for f in fields]
+    return fields, columns, ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+
+
 def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
     """INSERT unsaved ``rows`` of ``model`` in one statement, without setting their ids.
 
-    PostgreSQL: the rows travel as one JSON parameter, unpacked by ``jsonb_to_recordset``.
-    ``bulk_create`` sends a parameter per column per row, each quoted in Python by the client
-    cursor, and prepares each value through its field: for a deletion batch's hundred spans
-    that cost more of the worker's CPU than the statement (bench/cascade_delete.py). The
-    values are each field's ``get_prep_value`` (JSON columns stay JSON). Elsewhere (SQLite)
-    ``bulk_create``."""
+    PostgreSQL: one JSON parameter (``json_rows``). Elsewhere (SQLite) ``bulk_create``."""
     if not rows:
         return
     if not is_postgresql():
         model._default_manager.bulk_create(rows)
         return
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key or not isinstance(f, AutoFieldMixin)]
-    payload = [{f.column: _json_value(f.get_prep_value(getattr(row, f.attname))) for f in fields} for row in rows]
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    types = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+    found = json_rows(model, rows)
+    columns = ", ".join(found.columns)
     sql = (
-        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "  # noqa: S608 - names from the model
-        f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS x({types})"
+        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({columns}) "  # noqa: S608 - names from the model
+        f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS x({found.recordset})"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [json.dumps(payload, cls=DjangoJSONEncoder)])
+        cursor.execute(sql, [found.param])

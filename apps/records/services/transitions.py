@@ -22,6 +22,7 @@ from apps.core import audit, domain
 from apps.core.db import advisory_lock, is_postgresql, lock_key
 from apps.core.errors import Conflict, GrapheneError
 from apps.core.events import publish_many_on_commit
+from apps.core.models import AuditEntry
 from apps.records.choices import TRANSITIONS, EventType, Phase
 from apps.records.models import Event, Record
 
@@ -98,6 +99,7 @@ def _lock_tree(tree_id: int) -> None:
     list(
         Record.objects.select_for_update(no_key=True)
         .filter(tree_id=tree_id, parent__isnull=True)
+        .order_by()  # one row (the ``record_root`` index): the tree manager's order is no use
         .values_list("pk", flat=True)
     )
 
@@ -291,6 +293,29 @@ def _audit(
 ) -> None:
     """The audit row of a write to ``record``, in the caller's transaction."""
     audit.audit_write(
+        action=action,
+        resource="records",
+        object_id=record.pk,
+        object_name=f"{record.kind}/{record.name}",
+        namespace=record.namespace,
+        before=before,
+        after=after,
+        detail=detail,
+        actor=actor,
+    )
+
+
+def _audit_row(
+    action: str,
+    record: Record,
+    *,
+    actor: Actor,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    **detail: Any,
+) -> AuditEntry:
+    """``_audit``'s row, unsaved, for a statement that writes it with the change."""
+    return audit.audit_row(
         action=action,
         resource="records",
         object_id=record.pk,
