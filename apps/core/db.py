@@ -252,3 +252,29 @@ def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [found.param])
+
+
+@contextmanager
+def prepared_cursor() -> Iterator[Any]:
+    """A cursor whose statements the server plans once per connection (PostgreSQL), for the
+    few big statements run on every declaration or deletion batch: planning one of them took
+    longer than running it (``EXPLAIN ANALYZE``: ~0.45 ms planning, ~0.35 ms execution for a
+    declaration). Django turns psycopg's automatic preparation off (for connection poolers
+    between it and the server, which Graphene does not use); this cursor binds parameters on
+    the server and prepares what it executes. It goes through Django's cursor wrapper, so
+    execute wrappers and query logging see its statements. Elsewhere: an ordinary cursor."""
+    if not is_postgresql():
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class Prepared(ServerBindingCursor):  # type: ignore[misc,valid-type]  # a class the backend makes at import
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            return super().execute(query, params, prepare=True)
+
+    connection.ensure_connection()
+    raw = Prepared(connection.connection)
+    wrapped = connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+    with wrapped:
+        yield wrapped

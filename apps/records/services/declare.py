@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.core import validation
-from apps.core.db import advisory_xact_lock, insert_rows, is_postgresql, json_rows
+from apps.core.db import advisory_xact_lock, insert_rows, is_postgresql, json_rows, prepared_cursor
 from apps.core.errors import Conflict, ValidationFailed
 from apps.core.models import AuditEntry
 from apps.records.choices import ROOT_KINDS, DriftPolicy, EventType, Phase
@@ -264,7 +264,8 @@ def _declare_in_tree(
 # grow by two at their right end, and the records to the right of the owner move by two.
 # There are none when the owner is on the tree's right edge (the root closes right after it:
 # root.rght - owner.rght = owner.level), as for a run's own records and the branch declared
-# into last; then only the owner and its ancestors are written, by primary key.
+# into last; then only the owner and its ancestors are written, by primary key (``= ANY``:
+# the planner cannot count a recursive query's rows and would scan the table for an ``IN``).
 _INSERT_CHILD = """
 WITH RECURSIVE up AS (
     SELECT id, parent_id, tree_id, lft, rght, level, phase, deletion_requested_at
@@ -284,7 +285,7 @@ WITH RECURSIVE up AS (
       )
 ), grow AS (
     UPDATE records_record r SET rght = r.rght + 2
-    WHERE r.id IN (SELECT id FROM up) AND EXISTS (SELECT 1 FROM ok)
+    WHERE r.id = ANY(ARRAY(SELECT id FROM up)) AND EXISTS (SELECT 1 FROM ok)
 ), shift AS (
     UPDATE records_record r SET lft = r.lft + 2, rght = r.rght + 2
     FROM ok
@@ -332,7 +333,7 @@ def _insert_child(record: Record, owner: Record, tree_id: int, events: list[Even
         "events": found["event"].param,
         "audit": found["audit"].param,
     }
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         result = cursor.fetchone()
     if result is None:

@@ -19,7 +19,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from apps.core import audit, domain
-from apps.core.db import advisory_lock, is_postgresql, lock_key
+from apps.core.db import advisory_lock, is_postgresql, lock_key, prepared_cursor
 from apps.core.errors import Conflict, GrapheneError
 from apps.core.events import publish_many_on_commit
 from apps.core.models import AuditEntry
@@ -96,10 +96,19 @@ def _notify(records: Iterable[Record]) -> None:
 
 def _lock_tree(tree_id: int) -> None:
     """Serialize changes to one tree's shape by locking its root row."""
+    if is_postgresql():
+        # Every declaration starts here: one prepared statement, no queryset to build (the
+        # ``record_root`` index finds the row).
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                'SELECT "id" FROM "records_record" WHERE "tree_id" = %s AND "parent_id" IS NULL FOR NO KEY UPDATE',
+                [tree_id],
+            )
+        return
     list(
         Record.objects.select_for_update(no_key=True)
         .filter(tree_id=tree_id, parent__isnull=True)
-        .order_by()  # one row (the ``record_root`` index): the tree manager's order is no use
+        .order_by()
         .values_list("pk", flat=True)
     )
 
@@ -183,6 +192,7 @@ def _transition_statement(
         assignments.append(f"{connection.ops.quote_name(field.column)} = %s")
         params.append(field.get_db_prep_save(value, connection))
     event_field = Event._meta.get_field("data")
+    actor_type = Event._meta.get_field("actor").db_type(connection)
     sql = f"""
         WITH t AS (
             SELECT (e->>0)::uuid AS id, e->>1 AS from_phase, ord
@@ -191,10 +201,11 @@ def _transition_statement(
             UPDATE records_record r SET {", ".join(assignments)} FROM t WHERE r.id = t.id RETURNING r.id
         )
         INSERT INTO records_event (record_id, type, reason, message, data, actor_id, created_at)
-        SELECT t.id, %s, %s, %s, jsonb_build_object('from', t.from_phase, 'to', %s::text) || %s::jsonb, %s, %s
+        SELECT t.id, %s::text, %s::text, %s::text,
+               jsonb_build_object('from', t.from_phase, 'to', %s::text) || %s::jsonb, %s::{actor_type}, %s::timestamptz
         FROM t ORDER BY t.ord
     """  # noqa: S608 - column names from the model
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             sql,
             [
