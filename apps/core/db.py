@@ -267,9 +267,9 @@ def prepared_cursor() -> Iterator[Any]:
         with connection.cursor() as cursor:
             yield cursor
         return
-    from django.db.backends.postgresql.base import ServerBindingCursor
+    from django.db.backends.postgresql.base import ServerBindingCursor  # type: ignore[attr-defined]  # made at import for psycopg 3
 
-    class Prepared(ServerBindingCursor):  # type: ignore[misc,valid-type]  # a class the backend makes at import
+    class Prepared(ServerBindingCursor):
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             return super().execute(query, params, prepare=True)
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, Field, OuterRef
 from django.utils import timezone
 
 from apps.core import audit, domain
@@ -189,6 +189,7 @@ def _transition_statement(
     assignments, params = [], []
     for name, value in values.items():
         field = Record._meta.get_field(name)
+        assert isinstance(field, Field)  # a concrete column of the record (its callers' fields)
         assignments.append(f"{connection.ops.quote_name(field.column)} = %s")
         params.append(field.get_db_prep_save(value, connection))
     event_field = Event._meta.get_field("data")
