@@ -267,14 +267,19 @@ def prepared_cursor() -> Iterator[Any]:
         with connection.cursor() as cursor:
             yield cursor
         return
+    connection.ensure_connection()
+    raw = _prepared_cursor_class()(connection.connection)
+    wrapped = connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+    with wrapped:
+        yield wrapped
+
+
+@functools.cache
+def _prepared_cursor_class() -> type[Any]:
     from django.db.backends.postgresql.base import ServerBindingCursor  # type: ignore[attr-defined]  # made at import for psycopg 3
 
     class Prepared(ServerBindingCursor):
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             return super().execute(query, params, prepare=True)
 
-    connection.ensure_connection()
-    raw = Prepared(connection.connection)
-    wrapped = connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
-    with wrapped:
-        yield wrapped
+    return Prepared

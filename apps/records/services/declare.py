@@ -4,6 +4,7 @@ exists outside (I1), and a re-declaration that becomes the next generation."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -50,7 +51,7 @@ def spec_validate(kind: Kind, spec: Any) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise ValidationFailed("spec must be a JSON object", fields={"spec": ["must be a JSON object"]})
     validation.check_json(spec, path="spec", what="the spec")  # what PostgreSQL can store, whatever the kind
-    validator = jsonschema.Draft202012Validator(kind.spec_schema)
+    validator = _validator(kind)
     errors: dict[str, list[str]] = defaultdict(list)
     for error in sorted(validator.iter_errors(spec), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in ["spec", *error.absolute_path])
@@ -59,6 +60,12 @@ def spec_validate(kind: Kind, spec: Any) -> dict[str, Any]:
         summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items())
         raise ValidationFailed(f"spec does not match kind {kind.name}: {summary}", fields=dict(errors))
     return spec
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(kind: Kind) -> jsonschema.Draft202012Validator:
+    """A kind's spec validator, made once per kind (a kind's schema does not change)."""
+    return jsonschema.Draft202012Validator(kind.spec_schema)
 
 
 def labels_validate(labels: Any) -> dict[str, str]:
