@@ -283,6 +283,26 @@ def audit_write(
     return row
 
 
+def audit_row(
+    *,
+    action: str,
+    resource: str,
+    object_id: Any,
+    namespace: str,
+    object_name: str = "",
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
+    detail: Mapping[str, Any] | None = None,
+    actor: Any = None,
+) -> AuditEntry:
+    """The row ``audit_write`` would insert, unsaved, for a service that writes it within a
+    statement of its own (a declaration's one INSERT ... SELECT). The same rule holds: the row
+    commits or rolls back with the change, so the caller must be inside its transaction."""
+    _check_transaction()
+    change = Change(action, resource, object_id, namespace, object_name, before, after, detail or {})
+    return _row(change, who_of(actor), current_request_id(), timezone.now())
+
+
 def audit_write_many(changes: Sequence[Change], *, actor: Any = None) -> None:
     """Record several writes of one change (a batch) with one INSERT, in the caller's transaction."""
     if not changes:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.core.db import is_postgresql
+from apps.core.db import insert_rows, is_postgresql
 from apps.observability import otlp
 from apps.observability.models import Span, SpanStatus
 
@@ -131,7 +131,7 @@ def spans_write(spans: list[Span]) -> None:
     """Insert spans in one statement (in the caller's transaction, if any); export them over
     OTLP once that commits, if export is on."""
     if spans:
-        Span.objects.bulk_create(spans)
+        insert_rows(Span, spans)
         _export_on_commit([otlp.SpanData.of(span) for span in spans] if otlp.exporter() else [])
 
 

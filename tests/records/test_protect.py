@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from apps.core.errors import Conflict, ValidationFailed
@@ -192,8 +193,8 @@ def test_a_held_record_reached_by_a_lost_message_waits(eager: None, django_captu
     with django_capture_on_commit_callbacks(execute=False):
         services.record_delete_request(record=tree["root"])
     Record.objects.filter(pk=tree["volume"].pk).update(next_attempt_at=timezone.now())
-    with django_capture_on_commit_callbacks(execute=False):
-        assert delete._delete_step([str(tree["volume"].pk)]) == []
+    with django_capture_on_commit_callbacks(execute=False), transaction.atomic():
+        assert delete._claim([str(tree["volume"].pk)]) is None
     assert phase(tree["volume"]) == Phase.READY
     assert fresh(tree["volume"]).next_attempt_at is None
     Record.objects.filter(pk=tree["volume"].pk).update(next_attempt_at=timezone.now())

@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.core.errors import Conflict, ValidationFailed
+from apps.core.models import AuditEntry
 from apps.records import services
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
@@ -228,8 +230,16 @@ def test_a_redelivered_batch_goes_on_up_from_records_already_deleted(
     chain = _chain(django_capture_on_commit_callbacks)
     leaf = chain[-1]
     with django_capture_on_commit_callbacks(execute=False):
-        assert delete._delete_step([str(leaf.pk)]) == [chain[-2].pk]  # ... and the task dies here
-    assert phases(*chain) == [Phase.READY, Phase.READY, Phase.READY, Phase.DELETED]
+        with transaction.atomic():
+            batch = delete._claim([str(leaf.pk)])
+        assert batch is not None
+        results = delete._run_deletes(batch.records, batch.wait_for_create)
+        with transaction.atomic():
+            parents = delete._finish(batch.records, results, timezone.now())
+            assert parents == [chain[-2].pk]
+            delete._claim(parents)  # the parent is claimed with the leaf's end ... and the task dies here
+    assert phases(*chain) == [Phase.READY, Phase.READY, Phase.DELETING, Phase.DELETED]
+    assert objects_of(str(chain[-2].pk)) != []
     with django_capture_on_commit_callbacks(execute=False):
         services.record_delete_batch(record_ids=[str(leaf.pk)])
     assert set(phases(*chain)) == {Phase.DELETED}
@@ -410,3 +420,65 @@ def test_purge_removes_old_tombstones_whole_subtrees(eager: None, django_capture
     assert not Event.objects.filter(record_id=tree["a"].pk).exists()
     assert set(phases(tree["root"], tree["b"], tree["b1"])) == {Phase.READY}
     check_tree(tree["root"].tree_id)
+
+
+def test_nested_declarations_transfers_deletes_and_purges_keep_the_tree_valid(
+    eager: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Declarations placed without moving other rows (on the tree's right edge) and with moving
+    them (under an earlier branch), transfers in and out, deletion and purge: after each, the
+    nested sets are exact and each declared record knows its own bounds."""
+    run = factories.run()
+
+    def declare(owner: Record, name: str) -> Record:
+        with django_capture_on_commit_callbacks(execute=False):
+            record = factories.sleep(owner, name)
+        stored = Record.objects.get(pk=record.pk)
+        assert (record.lft, record.rght, record.tree_id, record.level) == (
+            stored.lft,
+            stored.rght,
+            stored.tree_id,
+            stored.level,
+        )
+        return record
+
+    branches = [declare(run, f"b{i}") for i in range(3)]
+    for round_ in range(3):  # round-robin: all but the last branch are left of the right edge
+        for i, branch in enumerate(branches):
+            child = declare(branch, f"c{round_}")
+            declare(child, "leaf")
+            check_tree(run.tree_id)
+            assert Record.objects.get(pk=branch.pk).get_descendant_count() == 2 * (round_ + 1), i
+    stand = factories.stand("keep")
+    declare(stand, "mine")
+    services.record_transfer(record=branches[1], new_owner=stand, given_by=run)
+    check_tree(run.tree_id)
+    check_tree(stand.tree_id)
+    declare(Record.objects.get(pk=branches[1].pk), "after-transfer")  # owner now in the stand's tree
+    check_tree(stand.tree_id)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_delete_request(record=Record.objects.get(pk=branches[0].pk))
+    later = timezone.now() + settings.GRAPHENE_TOMBSTONE_RETENTION + timedelta(minutes=1)
+    assert services.records_purge(now=later) == 7
+    check_tree(run.tree_id)
+    declare(Record.objects.get(pk=branches[2].pk), "after-purge")
+    declare(run, "last")
+    check_tree(run.tree_id)
+    names = {r.name for r in Record.objects.get(pk=run.pk).get_descendants()}
+    assert names == {"b2", "c0", "c1", "c2", "leaf", "after-purge", "last"}
+
+
+def test_a_declaration_is_two_statements_flat_or_nested(django_capture_on_commit_callbacks: Any) -> None:
+    """The tree's lock and one statement (bounds, record, event, audit row), whether or not
+    other records of the tree move (bench/records_insert.py measures the time)."""
+    run = factories.run()
+    with django_capture_on_commit_callbacks(execute=False):
+        first, second = factories.sleep(run, "first"), factories.sleep(run, "second")
+        for owner, name in ((run, "flat"), (first, "nested"), (second, "on-the-edge")):
+            with CaptureQueriesContext(connection) as queries:
+                factories.sleep(owner, name)
+            statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+            assert len(statements) == 2, (name, statements)
+    check_tree(run.tree_id)
+    assert AuditEntry.objects.filter(action="record.create").count() == 5
+    assert Event.objects.filter(record__tree_id=run.tree_id, type=EventType.DECLARED, reason="Declared").count() == 5

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from apps.core import audit
 from apps.core.errors import GrapheneError
-from apps.core.events import publish_all_on_commit
+from apps.core.events import publish_many_on_commit
 from apps.pipelines.choices import RUN_TRANSITIONS
 from apps.pipelines.models import Run, RunEvent
 
@@ -39,7 +39,7 @@ def run_lock(run_id: Any) -> Run:
 
 def _publish(run: Run) -> None:
     payload = {"event": "run.changed", "id": str(run.pk), "status": run.status}
-    publish_all_on_commit([(f"run.{run.pk}", payload), ("runs", payload), (f"runs.{run.namespace}", payload)])
+    publish_many_on_commit([(f"run.{run.pk}", payload), ("runs", payload), (f"runs.{run.namespace}", payload)])
 
 
 def run_enqueue_on_commit(run_id: Any, countdown: float = 0) -> None:

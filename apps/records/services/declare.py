@@ -4,26 +4,30 @@ exists outside (I1), and a re-declaration that becomes the next generation."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
 import jsonschema
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.core import validation
-from apps.core.db import advisory_xact_lock
+from apps.core.db import advisory_xact_lock, insert_rows, is_postgresql, json_rows, prepared_cursor
 from apps.core.errors import Conflict, ValidationFailed
+from apps.core.models import AuditEntry
 from apps.records.choices import ROOT_KINDS, DriftPolicy, EventType, Phase
 from apps.records.models import Event, Record
 from apps.records.services.placement import _moved_from, _place
-from apps.records.services.protect import protected_by, protected_declare, protected_event
+from apps.records.services.protect import protected_by, protected_declare, protected_event_row
 from apps.records.services.transitions import (
     Actor,
     _audit,
+    _audit_row,
     _audited,
     _enqueue_converge_on_commit,
+    _event,
     _event_kwargs,
     _lease,
     _lock_tree,
@@ -47,7 +51,7 @@ def spec_validate(kind: Kind, spec: Any) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise ValidationFailed("spec must be a JSON object", fields={"spec": ["must be a JSON object"]})
     validation.check_json(spec, path="spec", what="the spec")  # what PostgreSQL can store, whatever the kind
-    validator = jsonschema.Draft202012Validator(kind.spec_schema)
+    validator = _validator(kind)
     errors: dict[str, list[str]] = defaultdict(list)
     for error in sorted(validator.iter_errors(spec), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in ["spec", *error.absolute_path])
@@ -56,6 +60,12 @@ def spec_validate(kind: Kind, spec: Any) -> dict[str, Any]:
         summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items())
         raise ValidationFailed(f"spec does not match kind {kind.name}: {summary}", fields=dict(errors))
     return spec
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(kind: Kind) -> jsonschema.Draft202012Validator:
+    """A kind's spec validator, made once per kind (a kind's schema does not change)."""
+    return jsonschema.Draft202012Validator(kind.spec_schema)
 
 
 def labels_validate(labels: Any) -> dict[str, str]:
@@ -174,59 +184,225 @@ def record_declare(
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expires_at is in the past", fields={"expires_at": ["must be in the future"]})
     drift = drift_options_validate(drift_policy, observe_every)
-    with transaction.atomic():
-        if owner.parent_id is None:
-            # A root (roots stay roots): its row is the tree's lock, and locking it reads it
-            # fresh; one statement instead of two for every declaration directly under a run or
-            # a stand (it pays for the audit row's INSERT, docs/audit.md, Cost).
-            owner = Record.objects.select_for_update(no_key=True).get(pk=owner.pk)
-        else:
-            _lock_tree(owner.tree_id)
-            owner = Record.objects.get(pk=owner.pk)  # fresh tree columns, under the lock
+    tree_id = owner.tree_id
+    while True:
+        try:
+            with transaction.atomic():
+                return _declare_in_tree(
+                    tree_id,
+                    owner=owner,
+                    kind=kind,
+                    name=name,
+                    spec=spec,
+                    labels=labels,
+                    expires_at=expires_at,
+                    drift=drift,
+                    protect=protect,
+                    actor=actor,
+                )
+        except _OwnerMoved as moved:  # a transfer took the owner to another tree meanwhile
+            tree_id = moved.tree_id
+
+
+class _OwnerMoved(Exception):
+    def __init__(self, tree_id: int) -> None:
+        self.tree_id = tree_id
+
+
+def _declare_in_tree(
+    tree_id: int,
+    *,
+    owner: Record,
+    kind: str,
+    name: str,
+    spec: dict[str, Any],
+    labels: dict[str, str],
+    expires_at: datetime | None,
+    drift: dict[str, Any],
+    protect: bool,
+    actor: Actor,
+) -> Record:
+    """``record_declare`` under the lock of the owner's tree ``tree_id`` (the only lock it takes).
+
+    The new record, its events and its audit row are built here; what only the database knows
+    under the lock (the owner's bounds, whether it still lives, a sibling of the same kind and
+    name) is decided by the statement that writes them (``_insert_child``)."""
+    _lock_tree(tree_id)
+    now = timezone.now()
+    record = Record(
+        kind=kind,
+        name=name,
+        namespace=owner.namespace,
+        spec=spec,
+        labels=labels,
+        parent=owner,
+        created_by_run_id=owner.pk if owner.kind == "graphene.run" else owner.created_by_run_id,
+        expires_at=expires_at,
+        phase=Phase.PENDING,
+        next_attempt_at=now + _lease(),
+        protected=protect,
+        protected_by=protected_by(actor) if protect else "",
+        protected_at=now if protect else None,
+        created_at=now,
+        updated_at=now,
+        **drift,
+    )
+    events = [
+        _event(
+            record.pk,
+            EventType.DECLARED,
+            reason="Declared",
+            data={"owner": str(owner.pk), "generation": 1, **({"protected": True} if protect else {})},
+            actor=actor,
+            at=now,
+        )
+    ]
+    if protect:
+        events.append(protected_event_row(record, actor=actor, declared=True))
+    row = _audit_row("record.create", record, actor=actor, before=None, after=_audited(record), owner=owner.pk)
+    if is_postgresql():
+        created = _insert_child(record, owner, tree_id, events, row)
+    else:
+        created = _insert_child_orm(record, owner, tree_id, events, row)
+    if not created:
+        return _declare_existing(
+            owner, kind=kind, name=name, spec=spec, labels=labels, drift=drift, protect=protect, actor=actor
+        )
+    _notify([record])
+    _enqueue_converge_on_commit(record.pk)
+    return record
+
+
+# The new record's place: the owner's last child. Nested sets are dense (a subtree of n
+# records spans 2n numbers), so the owner and its ancestors (``up``, found by ``parent_id``)
+# grow by two at their right end, and the records to the right of the owner move by two.
+# There are none when the owner is on the tree's right edge (the root closes right after it:
+# root.rght - owner.rght = owner.level), as for a run's own records and the branch declared
+# into last; then only the owner and its ancestors are written, by primary key (``= ANY``:
+# the planner cannot count a recursive query's rows and would scan the table for an ``IN``).
+_INSERT_CHILD = """
+WITH RECURSIVE up AS (
+    SELECT id, parent_id, tree_id, lft, rght, level, phase, deletion_requested_at
+    FROM records_record WHERE id = %(owner)s
+    UNION ALL
+    SELECT r.id, r.parent_id, r.tree_id, r.lft, r.rght, r.level, r.phase, r.deletion_requested_at
+    FROM records_record r JOIN up ON r.id = up.parent_id
+), o AS (
+    SELECT up.*, (SELECT root.rght FROM up root WHERE root.parent_id IS NULL) - up.rght = up.level AS on_edge
+    FROM up WHERE up.id = %(owner)s
+), ok AS (
+    SELECT o.* FROM o
+    WHERE o.tree_id = %(tree)s AND o.phase <> 'deleted' AND o.deletion_requested_at IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM records_record c
+          WHERE c.parent_id = o.id AND c.kind = %(kind)s AND c.name = %(name)s AND c.phase <> 'deleted'
+      )
+), grow AS (
+    UPDATE records_record r SET rght = r.rght + 2
+    WHERE r.id = ANY(ARRAY(SELECT id FROM up)) AND EXISTS (SELECT 1 FROM ok)
+), shift AS (
+    UPDATE records_record r SET lft = r.lft + 2, rght = r.rght + 2
+    FROM ok
+    WHERE NOT ok.on_edge AND r.tree_id = ok.tree_id AND r.lft > ok.rght
+), ins AS (
+    INSERT INTO records_record ({record_columns}, lft, rght, tree_id, level)
+    SELECT {record_select}, ok.rght, ok.rght + 1, ok.tree_id, ok.level + 1
+    FROM ok, jsonb_to_recordset(%(record)s::jsonb) AS x({record_recordset})
+    RETURNING lft, rght, tree_id, level
+), ev AS (
+    INSERT INTO records_event ({event_columns})
+    SELECT {event_columns} FROM jsonb_to_recordset(%(events)s::jsonb) AS x({event_recordset})
+    WHERE EXISTS (SELECT 1 FROM ins)
+), au AS (
+    INSERT INTO core_auditentry ({audit_columns})
+    SELECT {audit_columns} FROM jsonb_to_recordset(%(audit)s::jsonb) AS x({audit_recordset})
+    WHERE EXISTS (SELECT 1 FROM ins)
+)
+SELECT o.tree_id, o.phase, o.deletion_requested_at, i.lft, i.rght, i.tree_id, i.level FROM o LEFT JOIN ins i ON true
+"""
+
+
+def _insert_child(record: Record, owner: Record, tree_id: int, events: list[Event], row: AuditEntry) -> bool:
+    """PostgreSQL: insert ``record`` as ``owner``'s last child with its events and audit row,
+    in one statement (the tree's root is locked). Returns False when the owner already has a
+    live child of that kind and name (nothing is written); raises ``Conflict`` when the owner is
+    gone or being deleted and ``_OwnerMoved`` when it is in another tree now."""
+    tree_columns = ("lft", "rght", "tree_id", "level")
+    found = {
+        "record": json_rows(Record, [record], exclude=tree_columns),
+        "event": json_rows(Event, events),
+        "audit": json_rows(AuditEntry, [row]),
+    }
+    sql = _INSERT_CHILD.format(
+        **{f"{name}_columns": ", ".join(rows.columns) for name, rows in found.items()},
+        **{f"{name}_recordset": rows.recordset for name, rows in found.items()},
+        record_select=", ".join(f"x.{column}" for column in found["record"].columns),
+    )
+    params = {
+        "owner": owner.pk,
+        "tree": tree_id,
+        "kind": record.kind,
+        "name": record.name,
+        "record": found["record"].param,
+        "events": found["event"].param,
+        "audit": found["audit"].param,
+    }
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        result = cursor.fetchone()
+    if result is None:
+        raise Conflict(f"owner {owner} ({owner.pk}) no longer exists; it cannot own new records")
+    owner_tree, phase, deletion_requested_at, lft, rght, new_tree, level = result
+    if owner_tree != tree_id:
+        raise _OwnerMoved(owner_tree)
+    if phase == Phase.DELETED or deletion_requested_at is not None:
+        owner.phase, owner.deletion_requested_at = phase, deletion_requested_at
         _owner_check_alive(owner)
-        existing = Record.objects.filter(parent=owner, kind=kind, name=name).exclude(phase=Phase.DELETED).first()
-        if existing is not None:
-            record = _redeclare(existing, spec=spec, labels=labels, drift=drift, actor=actor)
-            if protect and not record.protected:
-                record = Record.objects.select_for_update(no_key=True).get(pk=record.pk)
-                before = _audited(record)
-                protected_declare(record, actor=actor)
-                _audit("record.protect", record, actor=actor, before=before, after=_audited(record))
-                _notify([record])
-            return record
-        now = timezone.now()
-        record = Record(
-            kind=kind,
-            name=name,
-            namespace=owner.namespace,
-            spec=spec,
-            labels=labels,
-            parent=owner,
-            created_by_run_id=owner.pk if owner.kind == "graphene.run" else owner.created_by_run_id,
-            expires_at=expires_at,
-            phase=Phase.PENDING,
-            next_attempt_at=now + _lease(),
-            protected=protect,
-            protected_by=protected_by(actor) if protect else "",
-            protected_at=now if protect else None,
-            **drift,
-        )
-        record.save(force_insert=True)  # mptt places it as the owner's last child
-        Event.objects.create(
-            **_event_kwargs(
-                record.pk,
-                EventType.DECLARED,
-                reason="Declared",
-                data={"owner": str(owner.pk), "generation": 1, **({"protected": True} if protect else {})},
-                actor=actor,
-                at=now,
-            )
-        )
-        if protect:
-            protected_event(record, actor=actor, declared=True)
-        _audit("record.create", record, actor=actor, before=None, after=_audited(record), owner=owner.pk)
+    if lft is None:
+        return False
+    record.lft, record.rght, record.tree_id, record.level = lft, rght, new_tree, level
+    record._state.adding = False
+    record._state.db = connection.alias
+    return True
+
+
+def _insert_child_orm(record: Record, owner: Record, tree_id: int, events: list[Event], row: AuditEntry) -> bool:
+    """``_insert_child`` for SQLite (embedded mode): the same checks, then django-mptt's insert
+    and one INSERT each for the events and the audit row."""
+    fresh = Record.objects.get(pk=owner.pk)  # fresh tree columns, under the lock
+    if fresh.tree_id != tree_id:
+        raise _OwnerMoved(fresh.tree_id)
+    _owner_check_alive(fresh)
+    if Record.objects.filter(parent=fresh, kind=record.kind, name=record.name).exclude(phase=Phase.DELETED).exists():
+        return False
+    record.parent = fresh
+    record.save(force_insert=True)  # mptt places it as the owner's last child
+    insert_rows(Event, events)
+    insert_rows(AuditEntry, [row])
+    return True
+
+
+def _declare_existing(
+    owner: Record,
+    *,
+    kind: str,
+    name: str,
+    spec: dict[str, Any],
+    labels: dict[str, str],
+    drift: dict[str, Any],
+    protect: bool,
+    actor: Actor,
+) -> Record:
+    """A re-declaration: the owner has a live record of that kind and name already."""
+    existing = Record.objects.filter(parent=owner, kind=kind, name=name).exclude(phase=Phase.DELETED).first()
+    assert existing is not None  # the tree is locked: the sibling found under the lock is still there
+    record = _redeclare(existing, spec=spec, labels=labels, drift=drift, actor=actor)
+    if protect and not record.protected:
+        record = Record.objects.select_for_update(no_key=True).get(pk=record.pk)
+        before = _audited(record)
+        protected_declare(record, actor=actor)
+        _audit("record.protect", record, actor=actor, before=before, after=_audited(record))
         _notify([record])
-        _enqueue_converge_on_commit(record.pk)
     return record
 
 

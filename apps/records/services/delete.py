@@ -3,8 +3,10 @@ branches in parallel; a failed delete retried with backoff forever and kept visi
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -110,10 +112,25 @@ def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[A
     if any(r.pk in wait_for_create for r in records):
         # The operation lock uses this thread's database connection: stay on this thread.
         return {r.pk: one(r) for r in records}
-    # A kind's delete may use the database (logs, lookups): on a pool thread that opens the
-    # thread's own connection, which nothing else would ever close.
-    results = _executor().map(closes_connections(one), records)
-    return dict(zip((r.pk for r in records), results, strict=True))
+    # Each pool thread takes the next record until none is left: a slow delete holds up no
+    # other, as with a task per record, without a future and a hand-over per record. A kind's
+    # delete may use the database (logs, lookups): on a pool thread that opens the thread's own
+    # connection, which nothing else would ever close.
+    pending = iter(records)
+    take = threading.Lock()
+    results: dict[Any, BaseException | None] = {}
+
+    def drain() -> None:
+        while True:
+            with take:
+                record = next(pending, None)
+            if record is None:
+                return
+            results[record.pk] = one(record)
+
+    for future in [_executor().submit(closes_connections(drain)) for _ in range(min(DELETE_THREADS, len(records)))]:
+        future.result()
+    return {r.pk: results[r.pk] for r in records}
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -135,21 +152,37 @@ def record_delete_batch(*, record_ids: Sequence[Any]) -> None:
 
     Parents left without live children are deleted by the same task (the next batch), so a
     branch is walked to its top without a round trip through the broker per level; more
-    parents than one batch holds are handed to new tasks. If this task dies on the way, its
-    redelivery finds the parents again from the ids it was given (see ``_delete_step``), and
-    the reconciler is the net below that.
+    parents than one batch holds are handed to new tasks. The transaction that marks a batch
+    deleted also claims the parents it leaves ready (one commit per level, not two). If this
+    task dies on the way, its redelivery finds the parents again from the ids it was given
+    (see ``_claim``), and the reconciler (the claimed records' leases) is the net below that.
     """
-    ids = list(record_ids)
-    while ids:
-        ids = _delete_step(ids)
-
-
-def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
-    """One batch: claim, call the kinds' deletes, mark deleted. Returns the parents to go on with."""
     with transaction.atomic():
+        batch = _claim(list(record_ids))
+    while batch is not None:
+        started_at = timezone.now()
+        results = _run_deletes(batch.records, batch.wait_for_create)
+        with transaction.atomic():
+            parents = _finish(batch.records, results, started_at)
+            batch = _claim(parents) if parents else None
+
+
+@dataclass
+class _Batch:
+    """Records claimed for deletion (now ``deleting``, with a lease) and those of them whose
+    delete must take the operation lock first."""
+
+    records: list[Record]
+    wait_for_create: set[Any]
+
+
+def _claim(record_ids: list[Any]) -> _Batch | None:
+    """Lock the given records, move those without live children to ``deleting``; None when
+    none is left to delete here. Runs in the caller's transaction."""
+    while record_ids:
         rows = list(
             Record.objects.select_for_update(no_key=True)
-            .filter(pk__in=list(record_ids), deletion_requested_at__isnull=False)
+            .filter(pk__in=record_ids, deletion_requested_at__isnull=False)
             .exclude(phase=Phase.DELETED)
             .annotate(is_held=_held())
             .order_by("pk")
@@ -167,14 +200,15 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         claim = [r for r in rows if r.pk not in busy and r.pk not in held]
         if not claim:
             if rows:
-                return []  # children still live: the task deleting the last of them goes on
-            # Everything given is deleted already: a redelivery after this task died further up.
+                return None  # children still live: the task deleting the last of them goes on
+            # Everything given is deleted already: a redelivery after this task died further up,
+            # perhaps with the parents claimed (``deleting``) and their deletes not done; they are
+            # resumed under the operation lock as any ``deleting`` record is.
             parent_ids = set(
-                Record.objects.filter(pk__in=list(record_ids), parent_id__isnull=False).values_list(
-                    "parent_id", flat=True
-                )
+                Record.objects.filter(pk__in=record_ids, parent_id__isnull=False).values_list("parent_id", flat=True)
             )
-            return _ready_parents(parent_ids)
+            record_ids = _ready_parents(parent_ids, resume=True)
+            continue
         # A record already ``deleting`` was claimed by a batch that died (perhaps while waiting
         # for an in-flight create): take the operation lock again rather than race that create.
         resumed = [r.pk for r in claim if r.phase == Phase.DELETING]
@@ -187,66 +221,78 @@ def _delete_step(record_ids: Sequence[Any]) -> list[Any]:
         for record in claim:
             if record.held_by is not None and record.held_by != worker:
                 operation_resumed_tell(record.pk, previous=record.held_by, worker=worker, what="deletion")
+        return _Batch(claim, wait_for_create)
+    return None
 
-    started_at = timezone.now()
-    results = _run_deletes(claim, wait_for_create)
 
-    with transaction.atomic():
-        parent_ids = {r.parent_id for r in claim if r.parent_id is not None}
-        _lock_rows(parent_ids)  # siblings finishing concurrently serialize here: one sees all gone
-        # A duplicate message (a redelivery after a worker died, the reconciler) may have run
-        # the same deletes meanwhile: re-read our rows under their locks and finish only those
-        # still deleting, so each record is marked deleted exactly once.
-        fresh = {
-            r.pk: r
-            for r in Record.objects.select_for_update(no_key=True).filter(pk__in=[r.pk for r in claim]).order_by("pk")
-        }
-        claim = [fresh[r.pk] for r in claim if r.pk in fresh and fresh[r.pk].phase == Phase.DELETING]
-        now = timezone.now()
-        done = [r for r in claim if results[r.pk] is None]
-        waiting = [r for r in claim if isinstance(results[r.pk], NotYet)]
-        claim = [r for r in claim if not isinstance(results[r.pk], NotYet)]
-        if waiting:
-            _delete_later(waiting, results, now)
-        if claim:
-            domain.emit(
-                domain.RecordsDeleted(
-                    records=tuple(r.ref() for r in claim),  # as they were before the phases change
-                    errors={str(r.pk): _error_or_none(results[r.pk]) for r in claim},
-                    started_at=started_at,
-                    ended_at=now,
-                )
+def _finish(claim: list[Record], results: Mapping[Any, BaseException | None], started_at: datetime) -> list[Any]:
+    """Mark the batch's deleted records ``deleted`` and its failed ones ``delete_failed``, in the
+    caller's transaction. Returns the parents to go on with."""
+    parent_ids = {r.parent_id for r in claim if r.parent_id is not None}
+    _lock_rows(parent_ids)  # siblings finishing concurrently serialize here: one sees all gone
+    # A duplicate message (a redelivery after a worker died, the reconciler) may have run the
+    # same deletes meanwhile: re-read our rows under their locks and finish only those still
+    # deleting, so each record is marked deleted exactly once. Only what can have changed
+    # meanwhile is read again (the phase, the attempts): the rest of each row is what the
+    # claim read, and loading whole rows again cost a model instance and the JSON columns per
+    # record.
+    fresh = {
+        pk: (phase, attempts)
+        for pk, phase, attempts in Record.objects.select_for_update(no_key=True)
+        .filter(pk__in=[r.pk for r in claim])
+        .order_by("pk")
+        .values_list("pk", "phase", "attempts")
+    }
+    claim = [r for r in claim if fresh.get(r.pk, ("",))[0] == Phase.DELETING]
+    for r in claim:
+        r.phase, r.attempts = fresh[r.pk]
+    now = timezone.now()
+    done = [r for r in claim if results[r.pk] is None]
+    waiting = [r for r in claim if isinstance(results[r.pk], NotYet)]
+    claim = [r for r in claim if not isinstance(results[r.pk], NotYet)]
+    if waiting:
+        _delete_later(waiting, results, now)
+    if claim:
+        domain.emit(
+            domain.RecordsDeleted(
+                records=tuple(r.ref() for r in claim),  # as they were before the phases change
+                errors={str(r.pk): _error_or_none(results[r.pk]) for r in claim},
+                started_at=started_at,
+                ended_at=now,
             )
-        _transition(
-            done,
-            Phase.DELETED,
-            reason="Deleted",
-            fields={
-                "deleted_at": now,
-                "next_attempt_at": None,
-                "held_by": None,
-                "attempts": 0,
-                "last_error": "",
-                "next_observe_at": None,
-            },
         )
-        for record in claim:
-            error = results[record.pk]
-            if error is not None:
-                _delete_failed(record, error)
-        return _ready_parents(parent_ids)
+    _transition(
+        done,
+        Phase.DELETED,
+        reason="Deleted",
+        fields={
+            "deleted_at": now,
+            "next_attempt_at": None,
+            "held_by": None,
+            "attempts": 0,
+            "last_error": "",
+            "next_observe_at": None,
+        },
+    )
+    for record in claim:
+        error = results[record.pk]
+        if error is not None:
+            _delete_failed(record, error)
+    return _ready_parents(parent_ids)
 
 
 def _error_or_none(error: BaseException | None) -> str | None:
     return None if error is None else _error_text(error)
 
 
-def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
+def _ready_parents(parent_ids: Iterable[Any], *, resume: bool = False) -> list[Any]:
     """Parents being deleted whose children are all gone, and that no protected record holds:
-    one batch to go on with; any more are enqueued (on commit) for other workers."""
+    one batch to go on with; any more are enqueued (on commit) for other workers. ``resume``:
+    also those claimed already (``deleting``) by a task that died."""
+    skip = [Phase.DELETED, Phase.DELETE_FAILED] if resume else [Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED]
     ready = list(
         Record.objects.filter(pk__in=list(parent_ids), deletion_requested_at__isnull=False)
-        .exclude(phase__in=[Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED])
+        .exclude(phase__in=skip)
         .filter(~_live_children())
         .filter(~_held())
         .order_by("parent_id", "pk")
@@ -254,12 +300,9 @@ def _ready_parents(parent_ids: Iterable[Any]) -> list[Any]:
     )
     size = max(1, settings.GRAPHENE_DELETE_BATCH)
     _enqueue_deletions_on_commit(ready[size:])
-    mine = [pk for pk, _parent in ready[:size]]
-    worker = workers.current_worker_id()
-    if mine and worker is not None:
-        # This task goes on with them: should its worker be lost first, they are taken over.
-        Record.objects.filter(pk__in=mine).update(held_by=worker)
-    return mine
+    # This task goes on with them: ``_claim``, in the same transaction, makes them held by its
+    # worker (taken over should that worker be lost).
+    return [pk for pk, _parent in ready[:size]]
 
 
 def _delete_later(records: Sequence[Record], results: Mapping[Any, BaseException | None], now: datetime) -> None:

@@ -248,16 +248,20 @@ def protected_declare(record: Record, *, actor: Actor) -> None:
 
 
 def protected_event(record: Record, *, actor: Actor, declared: bool = False) -> None:
-    """The ``protected`` event of a record just protected (by a declaration, or by a user)."""
-    Event.objects.create(
-        **_event_kwargs(
-            record.pk,
-            EventType.PROTECTED,
-            reason="Protected",
-            message=f"{'declared ' if declared else ''}protected by {record.protected_by}: "
-            "a deletion stops here until it is unprotected",
-            data={"by": record.protected_by, **({"declared": True} if declared else {})},
-            actor=actor,
-            at=record.protected_at,
-        )
+    """Write the ``protected`` event of a record just protected (by a declaration, or by a user)."""
+    protected_event_row(record, actor=actor, declared=declared).save(force_insert=True)
+
+
+def protected_event_row(record: Record, *, actor: Actor, declared: bool = False) -> Event:
+    """The ``protected`` event of a record just protected, unsaved (a declaration writes it in
+    its own statement)."""
+    return _event(
+        record.pk,
+        EventType.PROTECTED,
+        reason="Protected",
+        message=f"{'declared ' if declared else ''}protected by {record.protected_by}: "
+        "a deletion stops here until it is unprotected",
+        data={"by": record.protected_by, **({"declared": True} if declared else {})},
+        actor=actor,
+        at=record.protected_at,
     )
