@@ -278,6 +278,8 @@ def run_finish(
             },
         )
         RunWait.objects.filter(run=run).delete()
+        # Before the deletion of its tree is sent: the runs its end starts are sent first.
+        firings = triggers.firings_on_commit()
         if run.record_id is not None:
             root = Record.objects.filter(pk=run.record_id).first()
             if root is not None and root.phase != Phase.DELETED:
@@ -297,7 +299,7 @@ def run_finish(
         elif run.pipeline.concurrency == "queue":
             _promote_next_in_line(run.pipeline_id)
         # Last: after any pipeline row lock above, as activation takes them (pipelines, then triggers).
-        triggers.upstream_ended(run)
+        triggers.upstream_ended(run, firings)
     return True
 
 

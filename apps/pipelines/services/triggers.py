@@ -222,12 +222,13 @@ def _event(
     return TriggerEvent.objects.create(trigger=trigger, reason=reason, message=message, data=data, run=run, actor=who)
 
 
-def _process_on_commit(firing_ids: list[int]) -> None:
-    """Once the transaction that wrote them commits, start the firings' runs here and now (no
-    hop through the broker); one that fails here goes to a worker, and one whose process dies
-    first is started by the tick (``GRAPHENE_FIRING_RETRY_SECONDS``)."""
-    if not firing_ids:
-        return
+def firings_on_commit() -> list[int]:
+    """A list for the ids of the firings this transaction writes: once it commits, their runs
+    are started here and now (no hop through the broker), before whatever the transaction
+    asks for after this call (hooks run in the order they were registered). One that fails
+    here goes to a worker; one whose process dies first is started by the tick
+    (``GRAPHENE_FIRING_RETRY_SECONDS``)."""
+    firing_ids: list[int] = []
 
     def process() -> None:
         from apps.pipelines.tasks import trigger_firing_task
@@ -240,17 +241,20 @@ def _process_on_commit(firing_ids: list[int]) -> None:
                 trigger_firing_task.delay(firing_id)
 
     transaction.on_commit(process, robust=True)
+    return firing_ids
 
 
-def upstream_ended(run: Run) -> None:
+def upstream_ended(run: Run, firings: list[int] | None = None) -> None:
     """A run ended (in the caller's transaction): the upstream triggers watching its pipeline
-    fire, each once for this run. Child runs fire nothing (their parent run answers for them)."""
+    fire, each once for this run. Child runs fire nothing (their parent run answers for them).
+    ``firings``: a list from ``firings_on_commit`` taken earlier in the transaction (else one
+    is taken now)."""
     if run.parent_run_id is not None:
         return
+    fired = firings if firings is not None else firings_on_commit()
     triggers = list(
         Trigger.objects.filter(type=TriggerType.UPSTREAM, upstream=run.pipeline.name, namespace=run.namespace)
     )
-    fired: list[int] = []
     for trigger in triggers:
         if run.status not in UPSTREAM_OUTCOMES[trigger.spec.get("on", "succeeded")]:
             continue
@@ -274,7 +278,6 @@ def upstream_ended(run: Run) -> None:
         )
         if created:
             fired.append(firing.pk)
-    _process_on_commit(fired)
 
 
 def _declared(trigger: Trigger) -> Any:
