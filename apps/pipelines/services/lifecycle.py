@@ -256,6 +256,7 @@ def run_finish(
                 error = f"{error}\n(kept {kept} record(s) on the stand {run.pipeline.name!r} for {keep_for})".lstrip()
             if refused:
                 error = f"{error}\n(not kept, deleted with the run: {'; '.join(refused)})"
+        was_suspended = run.status == RunStatus.SUSPENDED  # only a suspended run has RunWait rows
         finished_at = timezone.now()
         if run.started_at is not None:  # every way a run ends (cancel, timeout too)
             seconds = (finished_at - run.started_at).total_seconds()
@@ -277,7 +278,8 @@ def run_finish(
                 "wake_at": None,
             },
         )
-        RunWait.objects.filter(run=run).delete()
+        if was_suspended:
+            RunWait.objects.filter(run=run).delete()
         # Before the deletion of its tree is sent: the runs its end starts are sent first.
         firings = triggers.firings_on_commit()
         if run.record_id is not None:

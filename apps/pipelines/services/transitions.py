@@ -33,8 +33,9 @@ def _actor_id(actor: Actor) -> Any:
 
 
 def run_lock(run_id: Any) -> Run:
-    """The run's row, locked (no key update) until the transaction ends."""
-    return Run.objects.select_for_update(no_key=True).get(pk=run_id)
+    """The run's row, locked (no key update) until the transaction ends, with its pipeline's
+    (read, not locked: almost every caller names the pipeline, in events, metrics, turns)."""
+    return Run.objects.select_related("pipeline").select_for_update(no_key=True, of=("self",)).get(pk=run_id)
 
 
 def _publish(run: Run) -> None:

@@ -222,29 +222,29 @@ def _event(
     return TriggerEvent.objects.create(trigger=trigger, reason=reason, message=message, data=data, run=run, actor=who)
 
 
-def firings_on_commit() -> list[int]:
+def firings_on_commit() -> list[TriggerFiring]:
     """A list for the ids of the firings this transaction writes: once it commits, their runs
     are started here and now (no hop through the broker), before whatever the transaction
     asks for after this call (hooks run in the order they were registered). One that fails
     here goes to a worker; one whose process dies first is started by the tick
     (``GRAPHENE_FIRING_RETRY_SECONDS``)."""
-    firing_ids: list[int] = []
+    firings: list[TriggerFiring] = []
 
     def process() -> None:
         from apps.pipelines.tasks import trigger_firing_task
 
-        for firing_id in firing_ids:
+        for firing in firings:
             try:
-                firing_process(firing_id)
+                firing_process(firing)
             except Exception:
-                logger.exception("firing %s: starting its run here failed; a worker tries again", firing_id)
-                trigger_firing_task.delay(firing_id)
+                logger.exception("firing %s: starting its run here failed; a worker tries again", firing.pk)
+                trigger_firing_task.delay(firing.pk)
 
     transaction.on_commit(process, robust=True)
-    return firing_ids
+    return firings
 
 
-def upstream_ended(run: Run, firings: list[int] | None = None) -> None:
+def upstream_ended(run: Run, firings: list[TriggerFiring] | None = None) -> None:
     """A run ended (in the caller's transaction): the upstream triggers watching its pipeline
     fire, each once for this run. Child runs fire nothing (their parent run answers for them).
     ``firings``: a list from ``firings_on_commit`` taken earlier in the transaction (else one
@@ -252,32 +252,38 @@ def upstream_ended(run: Run, firings: list[int] | None = None) -> None:
     if run.parent_run_id is not None:
         return
     fired = firings if firings is not None else firings_on_commit()
-    triggers = list(
-        Trigger.objects.filter(type=TriggerType.UPSTREAM, upstream=run.pipeline.name, namespace=run.namespace)
-    )
-    for trigger in triggers:
-        if run.status not in UPSTREAM_OUTCOMES[trigger.spec.get("on", "succeeded")]:
-            continue
-        cause = {
-            "type": "upstream",
-            "trigger": trigger.name,
-            "run": str(run.pk),
-            "name": f"{run.pipeline.name}#{run.number}",
-            "status": run.status,
-        }
-        payload = {
-            "id": str(run.pk),
-            "pipeline": run.pipeline.name,
-            "number": run.number,
-            "status": run.status,
-            "inputs": run.inputs,
-            "outputs": run.outputs,
-        }
-        firing, created = TriggerFiring.objects.get_or_create(
-            trigger=trigger, key=str(run.pk), defaults={"cause": cause, "payload": payload}
+    triggers = Trigger.objects.filter(type=TriggerType.UPSTREAM, upstream=run.pipeline.name, namespace=run.namespace)
+    payload = {
+        "id": str(run.pk),
+        "pipeline": run.pipeline.name,
+        "number": run.number,
+        "status": run.status,
+        "inputs": run.inputs,
+        "outputs": run.outputs,
+    }
+    firing_rows = [
+        TriggerFiring(
+            trigger=trigger,
+            key=str(run.pk),
+            cause={
+                "type": "upstream",
+                "trigger": trigger.name,
+                "run": str(run.pk),
+                "name": f"{run.pipeline.name}#{run.number}",
+                "status": run.status,
+            },
+            payload=payload,
         )
-        if created:
-            fired.append(firing.pk)
+        for trigger in triggers.select_related("pipeline")
+        if run.status in UPSTREAM_OUTCOMES[trigger.spec.get("on", "succeeded")]
+    ]
+    if firing_rows:
+        # One statement; a firing of this end seen before (a replayed finish) is left as it is
+        # (the no-op update only returns its id, and processing it again changes nothing).
+        TriggerFiring.objects.bulk_create(
+            firing_rows, update_conflicts=True, unique_fields=["trigger", "key"], update_fields=["key"]
+        )
+        fired.extend(firing_rows)
 
 
 def _declared(trigger: Trigger) -> Any:
@@ -317,14 +323,19 @@ def _firing_end(firing: TriggerFiring, status: str, *, run: Run | None = None, e
     firing.save(update_fields=["status", "run", "error", "done_at"])
 
 
-def firing_process(firing_id: int) -> TriggerFiring | None:
+def firing_process(firing_or_id: TriggerFiring | int) -> TriggerFiring | None:
     """Start the run of a pending firing, or record why not: the trigger is paused (skipped),
     or the start was refused (failed, with the reason). Once, whoever calls and however often:
     the run's idempotency key is the firing's (a second start returns the first's run), and
-    only the call that moves the firing out of ``pending`` writes the trigger's event."""
+    only the call that moves the firing out of ``pending`` writes the trigger's event. Given
+    the firing itself (as its transaction wrote it, its trigger and pipeline loaded), it is
+    not read again."""
     from apps.pipelines.services.starts import run_start
 
-    firing = TriggerFiring.objects.select_related("trigger__pipeline").filter(pk=firing_id).first()
+    if isinstance(firing_or_id, TriggerFiring):
+        firing: TriggerFiring | None = firing_or_id
+    else:
+        firing = TriggerFiring.objects.select_related("trigger__pipeline").filter(pk=firing_or_id).first()
     if firing is None or firing.status != FiringStatus.PENDING:
         return firing
     trigger = firing.trigger
