@@ -3,9 +3,10 @@
 That client reads its socket on a thread of its own while the caller writes the opening
 request; on a loaded machine it has been seen (about once in a hundred opens) to finish the TLS
 handshake and then never deliver its request: the server's log shows no attempt from the
-client's port, while the server answers everything else. ``open_ws`` tries once more then,
-and only then; a server that received the request and did not answer fails the test.
-(Graphene's own clients, graphenectl and the agent, use the asyncio client.)"""
+client's port, while the server answers everything else. ``open_ws`` opens again then, and
+only then (at most ``ATTEMPTS`` opens in all); a server that received the request and did not
+answer fails the test. (Graphene's own clients, graphenectl and the agent, use the asyncio
+client.)"""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from typing import Any
 from websockets.sync.client import ClientConnection, connect
 
 from tests.harness import tls
+
+# Opens that never reached the server before the test fails (each one the client's stall).
+ATTEMPTS = 3
 
 
 def _open(host: str, port: int, url: str, timeout: float, **options: Any) -> tuple[ClientConnection | None, int]:
@@ -37,12 +41,11 @@ def open_ws(url: str, *, log: Path, timeout: float = 10, **options: Any) -> Clie
     if scheme == "wss":
         options.setdefault("ssl", tls.context())
         options.setdefault("server_hostname", host)
-    ws, local = _open(host, int(port), url, timeout, **options)
-    if ws is not None:
-        return ws
-    if f":{local} - - " in log.read_text(errors="replace"):
-        raise AssertionError(f"the server received the opening handshake from port {local} and did not answer")
-    print(f"the opening handshake from port {local} never reached the server; opening again")
-    ws, local = _open(host, int(port), url, timeout, **options)
-    assert ws is not None, f"the opening handshake from port {local} timed out again after {timeout}s"
-    return ws
+    for attempt in range(1, ATTEMPTS + 1):
+        ws, local = _open(host, int(port), url, timeout, **options)
+        if ws is not None:
+            return ws
+        if f":{local} - - " in log.read_text(errors="replace"):
+            raise AssertionError(f"the server received the opening handshake from port {local} and did not answer")
+        print(f"the opening handshake from port {local} never reached the server (attempt {attempt})")
+    raise AssertionError(f"{ATTEMPTS} opening handshakes in a row never reached the server ({timeout}s each)")
