@@ -117,7 +117,14 @@ class AgentGatewayConsumer(AsyncWebsocketConsumer):  # type: ignore[misc,unused-
         return on_db_thread(call)
 
     async def send_json(self, message: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(message))
+        text = json.dumps(message)
+        try:
+            await self.send(text_data=text)
+        except Exception as exc:  # the server's "closed protocol" error (daphne: autobahn's Disconnected)
+            # The agent went away while this connection handled one of its messages: nothing
+            # can reach it any more, and this handler must not die of it, or the disconnect that
+            # follows (which records the agent's going and answers its live calls) never runs.
+            logger.info("agent %s: a message to a closed connection was dropped (%s)", self.record_id, exc)
 
     async def refuse(self, code: int, reason: str) -> None:
         await self.send_json({"type": "refused", "reason": reason})
