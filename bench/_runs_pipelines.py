@@ -89,12 +89,11 @@ def celery_stamp(key: str) -> None:
 
 
 def _gated_step(key: str, gate: str) -> float:
-    """Report that the step began, then wait while the gate file exists (``kinds.testing.gate_path``)."""
-    from kinds.testing import gate_path
+    """Report that the step began, then wait while the gate is closed (``kinds.testing.gate_wait``)."""
+    from kinds.testing import gate_wait
 
     _push(key, time.time())
-    while gate_path(gate).exists():
-        time.sleep(0.05)
+    gate_wait(gate)
     return time.time()
 
 

@@ -11,8 +11,8 @@ Two Celery workers and ``celery beat`` run with the production lease lengths
   consumes only an idle queue until the kill, so that every piece of work is in flight on the
   victim.
 
-A gate file (``kinds.testing.gate_path``) holds the work in flight: ``--records`` (20)
-``test.sleep`` records whose create waits while the gate exists, and ``--runs`` (20) runs of
+A closed gate (``kinds.testing.gate_close``) holds the work in flight: ``--records`` (20)
+``test.sleep`` records whose create waits while the gate is closed, and ``--runs`` (20) runs of
 ``bench.gated`` whose one step does the same (``bench/_runs_pipelines.py``). Once every create
 is under way (each record ``creating``) and every step has begun (each pushed a timestamp
 onto a Redis list), the victim's whole process group is killed with SIGKILL, the gate is
@@ -100,7 +100,7 @@ def main() -> None:
             from apps.records.choices import Phase
             from apps.records.models import Event, Record
             from graphene_project.celery import app
-            from kinds.testing import gate_path, objects_of
+            from kinds.testing import gate_close, objects_of
 
             victim = start_workers(
                 bench,
@@ -117,8 +117,7 @@ def main() -> None:
             load_before = load_1m()
 
             gate = f"g{uuid.uuid4().hex[:12]}"
-            gate_path(gate).parent.mkdir(parents=True, exist_ok=True)
-            gate_path(gate).touch()
+            closed = gate_close(gate)
             key = f"bench:{bench.queue}:steps"
             redis = redis_client(bench)
 
@@ -143,7 +142,7 @@ def main() -> None:
             killed_at = datetime.now(UTC)
             victim.procs[0].wait(timeout=30)
             log("victim killed (SIGKILL, whole process group)")
-            gate_path(gate).unlink()
+            closed.open()
             replies = app.control.add_consumer(bench.queue, destination=survivor.names, reply=True, timeout=10)
             if len(replies or []) != 1:
                 raise RuntimeError(f"the survivor did not start consuming the bench queue: {replies}")

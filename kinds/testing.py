@@ -9,6 +9,7 @@ orphans. Create adopts an existing object of the record instead of making a seco
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import random
 import time
 import uuid
@@ -36,9 +37,42 @@ def _objects_in(folder: Path) -> list[Path]:
 
 
 def gate_path(name: str) -> Path:
-    """The file a ``gate`` spec names: while it exists, creates that name it wait (crash tests
-    and benchmarks hold convergences in flight with it, then let the resumed ones through)."""
+    """The file of the gate ``name`` (``gate_close``, ``gate_wait``)."""
     return world() / "gates" / name
+
+
+class Gate:
+    """A closed gate: work that waits on its name (``gate_wait``) blocks until ``open()``.
+    Crash tests and benchmarks hold convergences and steps in flight with one, then let the
+    resumed ones through. The closer holds an exclusive lock on the gate's file; a waiter takes
+    a shared one, so it blocks in the kernel instead of polling."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        path = gate_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def open(self) -> None:
+        """Let every waiter through; later waiters do not wait (the file is gone)."""
+        gate_path(self.name).unlink(missing_ok=True)
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+
+
+def gate_close(name: str) -> Gate:
+    return Gate(name)
+
+
+def gate_wait(name: str) -> None:
+    """Block while the gate ``name`` is closed (return at once if it is not)."""
+    try:
+        file = gate_path(name).open()
+    except FileNotFoundError:
+        return
+    with file:
+        fcntl.flock(file, fcntl.LOCK_SH)
 
 
 def objects_of(record_id: str) -> list[Path]:
@@ -61,7 +95,7 @@ class SleepKind(Kind):
             "gate": {
                 "type": "string",
                 "pattern": "^[A-Za-z0-9_-]{1,64}$",
-                "description": "create waits (after making the object) while <world>/gates/<gate> exists",
+                "description": "create waits (after making the object) while the gate of that name is closed (kinds.testing.gate_close)",
             },
         },
         "additionalProperties": False,
@@ -92,8 +126,7 @@ class SleepKind(Kind):
         self._pause(record, "create_ms")
         gate = record.spec.get("gate")
         if gate:
-            while gate_path(str(gate)).exists():
-                time.sleep(0.05)
+            gate_wait(str(gate))
         return {"object": obj.name, "adopted": adopted, "value": record.spec.get("value")}
 
     def observe(self, record: Record) -> Observed | None:

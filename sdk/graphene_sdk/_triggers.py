@@ -15,6 +15,7 @@ deleted, a changed one replaced. ``spec()`` is what the server stores and compar
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -61,17 +62,17 @@ def _check_callable(kind: str, fn: Any) -> None:
 
 
 @dataclass(frozen=True)
-class Trigger:
+class Trigger(ABC):
     """Base of the three trigger types: a name unique in its pipeline and a ``spec()``."""
 
     name: str
 
     @property
-    def type(self) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def type(self) -> str: ...
 
-    def spec(self) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def spec(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def triggers_check(pipeline_name: str, triggers: Sequence[Any]) -> tuple[Trigger
     """The pipeline's triggers, refused unless each is a trigger and their names are unique."""
     seen: set[str] = set()
     for trigger in triggers:
-        if not isinstance(trigger, Trigger) or type(trigger) is Trigger:
+        if not isinstance(trigger, Trigger):
             raise TypeError(
                 f"pipeline {pipeline_name!r}: triggers are made with upstream(...), cron(...) or webhook(...), "
                 f"not {trigger!r}"

@@ -74,7 +74,7 @@ class StepInputs(BaseModel):
     guarantee: Guarantee = "at_least_once"
     seconds: float = 0.0
     catch_unknown: bool = False
-    gate: str = ""  # the step also waits while this gate is closed (kinds.testing.gate_path)
+    gate: str = ""  # the step also waits while this gate is closed (kinds.testing.gate_wait)
 
 
 @pipeline("sample.step", inputs=StepInputs)
@@ -90,12 +90,12 @@ def one_step(ctx: Context, inputs: StepInputs) -> None:
 
 
 def _slow(run_id: str, seconds: float, gate: str = "") -> str:
-    from kinds.testing import gate_path
+    from kinds.testing import gate_wait
 
     effect(run_id, "act-started")
     time.sleep(seconds)
-    while gate and gate_path(gate).exists():
-        time.sleep(0.05)
+    if gate:
+        gate_wait(gate)
     return effect(run_id, "act-finished")
 
 

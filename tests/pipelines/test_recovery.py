@@ -17,7 +17,7 @@ from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Run, RunEvent
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
-from kinds.testing import gate_path, objects_of
+from kinds.testing import gate_close, objects_of
 from tests import factories
 from tests.conftest import Worker, wait_for
 from tests.pipelines.sample import effect_count
@@ -44,8 +44,7 @@ def test_a_killed_workers_convergences_and_runs_resume_on_another_worker_within_
 ) -> None:
     doomed = start_worker("doomed", concurrency=4, env=LONG_LEASES)
     gate = f"g{uuid.uuid4().hex[:12]}"
-    gate_path(gate).parent.mkdir(parents=True, exist_ok=True)
-    gate_path(gate).touch()
+    closed = gate_close(gate)
     owner = factories.run()
     records = [factories.sleep(owner, f"held-{i}", gate=gate) for i in range(2)]
     runs = [services.run_start(pipeline_name="sample.step", inputs={"gate": gate}) for _ in range(2)]
@@ -58,7 +57,7 @@ def test_a_killed_workers_convergences_and_runs_resume_on_another_worker_within_
     start_worker("survivor", concurrency=2, env=LONG_LEASES)
     doomed.kill()
     killed: datetime = timezone.now()
-    gate_path(gate).unlink()
+    closed.open()
 
     def recovered() -> bool:
         ready = Record.objects.filter(pk__in=[r.pk for r in records], phase=Phase.READY).count()
