@@ -95,7 +95,8 @@ class SleepKind(Kind):
             "gate": {
                 "type": "string",
                 "pattern": "^[A-Za-z0-9_-]{1,64}$",
-                "description": "create waits (after making the object) while the gate of that name is closed (kinds.testing.gate_close)",
+                "description": "create waits (after making the object) while the gate of that name is closed "
+                "(kinds.testing.gate_close)",
             },
         },
         "additionalProperties": False,
