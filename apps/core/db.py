@@ -41,6 +41,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Model
 from django.db.models.fields import AutoFieldMixin, Field
 
@@ -293,6 +294,9 @@ def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
         cursor.execute(sql, [found.param])
 
 
+_PREPARE_ONLY_WHEN_ASKED = 2**62
+
+
 @contextmanager
 def prepared_cursor() -> Iterator[Any]:
     """A cursor whose statements the server plans once per connection (PostgreSQL), for the
@@ -307,10 +311,25 @@ def prepared_cursor() -> Iterator[Any]:
             yield cursor
         return
     connection.ensure_connection()
+    if connection.connection.prepare_threshold is None:
+        # Django opens connections with psycopg's preparation off (``prepare_threshold=None``),
+        # and then psycopg ignores ``prepare=True`` too. A threshold no statement reaches by
+        # repetition turns it back on for this cursor's statements only.
+        connection.connection.prepare_threshold = _PREPARE_ONLY_WHEN_ASKED
     raw = _prepared_cursor_class()(connection.connection)
-    wrapped = connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+    wrapped = _PreparedDebugCursor(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
     with wrapped:
         yield wrapped
+
+
+class _PreparedDebugCursor(CursorDebugWrapper):
+    """Django's query log for a prepared cursor: psycopg keeps no composed text of a prepared
+    statement (Django's ``last_executed_query`` finds none), so the log holds the statement as
+    written, placeholders and all."""
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        with self.debug_sql(sql, params):
+            return CursorWrapper.execute(self, sql, params)
 
 
 @functools.cache
