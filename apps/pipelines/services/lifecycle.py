@@ -256,6 +256,9 @@ def run_finish(
                 error = f"{error}\n(kept {kept} record(s) on the stand {run.pipeline.name!r} for {keep_for})".lstrip()
             if refused:
                 error = f"{error}\n(not kept, deleted with the run: {'; '.join(refused)})"
+        # First of this transaction's hooks: once it commits, the runs its end starts are
+        # started before watchers are told and before the deletion of its tree is sent.
+        firings = triggers.firings_on_commit()
         was_suspended = run.status == RunStatus.SUSPENDED  # only a suspended run has RunWait rows
         finished_at = timezone.now()
         if run.started_at is not None:  # every way a run ends (cancel, timeout too)
@@ -280,12 +283,8 @@ def run_finish(
         )
         if was_suspended:
             RunWait.objects.filter(run=run).delete()
-        # Before the deletion of its tree is sent: the runs its end starts are sent first.
-        firings = triggers.firings_on_commit()
         if run.record_id is not None:
-            root = Record.objects.filter(pk=run.record_id).first()
-            if root is not None and root.phase != Phase.DELETED:
-                records.record_delete_request(record=root, reason=f"Run{status.title().replace('_', '')}")
+            records.root_delete_request(root_id=run.record_id, reason=f"Run{status.title().replace('_', '')}")
         children = Run.objects.filter(parent_run=run, status__in=list(NOT_ENDED)).order_by("number")
         for child in children:
             run_finish(

@@ -187,7 +187,11 @@ def run_start(
                 if turns or definition.concurrency not in TAKES_TURNS:
                     break
                 turns = True  # the revision activated meanwhile takes turns: read the row again, locked
-            if idempotency_key is not None and (earlier := _replay(row, idempotency_key, clean)) is not None:
+            # A trigger's firing is almost always a first start of its key (a second try of the
+            # same firing is rare): a ``parallel`` one skips the look-up and meets an earlier
+            # start at the key's unique constraint (below), as concurrent starts do.
+            looks_up = trigger is None or turns
+            if idempotency_key is not None and looks_up and (earlier := _replay(row, idempotency_key, clean)):
                 return earlier
             status, reason = RunStatus.QUEUED, "Started"
             active = Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))

@@ -47,6 +47,7 @@ from apps.records.services.delete import (
     DELETE_THREADS,
     record_delete_batch,
     record_delete_request,
+    root_delete_request,
 )
 from apps.records.services.drift import (
     OBSERVE_SOON_FRACTION,
@@ -119,5 +120,6 @@ __all__ = [
     "records_purge",
     "records_reconcile",
     "records_sweep",
+    "root_delete_request",
     "spec_validate",
 ]

@@ -13,10 +13,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.core import access, domain, workers
-from apps.core.db import closes_connections
+from apps.core.db import JsonRows, closes_connections, is_postgresql, json_rows, prepared_cursor
+from apps.core.models import AuditEntry
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
 from apps.records.services.placement import _left_behind
@@ -25,9 +27,11 @@ from apps.records.services.transitions import (
     _CREATE_IN_FLIGHT,
     Actor,
     _audit,
+    _audit_row,
     _audited,
     _enqueue_deletions_on_commit,
     _error_text,
+    _event,
     _event_kwargs,
     _held,
     _lease,
@@ -53,38 +57,150 @@ def record_delete_request(
     """
     access.require_actor(actor, "delete", "records", record.namespace)
     with transaction.atomic():
-        _lock_tree(record.tree_id)
-        record = Record.objects.get(pk=record.pk)
+        if record.parent_id is None:
+            # A root is its tree's lock: locked and read fresh in one statement.
+            fresh = Record.objects.select_for_update(no_key=True).filter(pk=record.pk).first()
+            if fresh is None:
+                return record
+            record = fresh
+        else:
+            _lock_tree(record.tree_id)
+            record = Record.objects.get(pk=record.pk)
         if record.phase == Phase.DELETED:
             return record
-        now = timezone.now()
-        before = _audited(record)
-        subtree = Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght).exclude(
-            phase=Phase.DELETED
-        )
-        marked = subtree.filter(deletion_requested_at__isnull=True).update(
-            deletion_requested_at=now, next_attempt_at=now + _lease(), updated_at=now
+        _delete_request_locked(record, actor=actor, reason=reason, message=message)
+    return record
+
+
+def root_delete_request(*, root_id: Any, reason: str) -> Record | None:
+    """``record_delete_request`` of the tree root ``root_id`` by the system (a run that ended):
+    None when it is gone already. No savepoint of its own inside the caller's transaction: an
+    error here ends the run's end as a whole."""
+    with transaction.atomic(savepoint=False):
+        root = Record.objects.select_for_update(no_key=True).filter(pk=root_id, parent__isnull=True).first()
+        if root is None or root.phase == Phase.DELETED:
+            return root
+        _delete_request_locked(root, actor=None, reason=reason, message="")
+    return root
+
+
+def _delete_request_locked(record: Record, *, actor: Actor, reason: str, message: str) -> None:
+    """Mark the live subtree of ``record`` (its tree locked, read under the lock), write the
+    event and audit row, and send the deletable frontier once the transaction commits."""
+    now = timezone.now()
+    before = _audited(record)
+    event = _event(
+        record.pk,
+        EventType.DELETION_REQUESTED,
+        reason=reason,
+        message=message or f"deleting {record} and its subtree",
+        actor=actor,
+        at=now,
+    )
+    if is_postgresql():
+        row = _audit_row("record.delete_request", record, actor=actor, before=before, after=None, reason=reason)
+        frontier, protected = _mark_subtree(record, now=now, event=event, audit_row=row)
+    else:
+        marked = (
+            _subtree(record)
+            .filter(deletion_requested_at__isnull=True)
+            .update(deletion_requested_at=now, next_attempt_at=now + _lease(), updated_at=now)
         )
         _audit("record.delete_request", record, actor=actor, before=before, after=None, reason=reason, subtree=marked)
-        Event.objects.create(
-            **_event_kwargs(
-                record.pk,
-                EventType.DELETION_REQUESTED,
-                reason=reason,
-                message=message or f"deleting {record} and its subtree",
-                data={"subtree_records": marked},
-                actor=actor,
-                at=now,
-            )
+        event.data = {"subtree_records": marked}
+        event.save(force_insert=True)
+        frontier, protected = None, True  # the frontier from the ORM, below
+    if protected and deletion_hold(_subtree(record)):
+        frontier = list(_deletable(record).filter(~_held()).values_list("pk", "parent_id"))
+        deletion_blocked_tell(tree_id=record.tree_id, lft=record.lft, rght=record.rght)
+    elif frontier is None:
+        frontier = list(_deletable(record).values_list("pk", "parent_id"))
+    _enqueue_deletions_on_commit(frontier)
+    _notify([record])
+    record.deletion_requested_at = record.deletion_requested_at or now
+
+
+# Records whose own delete is under way: they are not sent again.
+_OWN_DELETE = (Phase.DELETING, Phase.DELETE_FAILED)
+
+
+def _subtree(record: Record) -> QuerySet[Record]:
+    """``record`` and what it owns, deleted rows left out."""
+    return Record.objects.filter(tree_id=record.tree_id, lft__gte=record.lft, rght__lte=record.rght).exclude(
+        phase=Phase.DELETED
+    )
+
+
+def _deletable(record: Record) -> QuerySet[Record]:
+    """The subtree's frontier: rows without live children whose own delete is not under way."""
+    return _subtree(record).exclude(phase__in=_OWN_DELETE).filter(~_live_children())
+
+
+# A deletion request in one statement (PostgreSQL, the tree locked): the subtree's live rows
+# marked, the request's event and audit row written with the number marked, and the frontier
+# (live rows without live children, whose own delete is not under way) returned, with whether
+# a protected record is in the subtree (then the caller holds what it holds back).
+_MARK_SUBTREE = """
+WITH sub AS (
+    SELECT id, parent_id, phase, deletion_requested_at, protected FROM records_record
+    WHERE tree_id = %(tree)s AND lft >= %(lft)s AND rght <= %(rght)s AND phase <> 'deleted'
+), marked AS (
+    UPDATE records_record r SET deletion_requested_at = %(now)s, next_attempt_at = %(next)s, updated_at = %(now)s
+    FROM sub WHERE r.id = sub.id AND sub.deletion_requested_at IS NULL
+    RETURNING r.id
+), n AS (
+    SELECT count(*) AS marked FROM marked
+), ev AS (
+    INSERT INTO records_event ({event_columns})
+    SELECT {event_select} FROM n, jsonb_to_recordset(%(events)s::jsonb) AS x({event_recordset})
+), au AS (
+    INSERT INTO core_auditentry ({audit_columns})
+    SELECT {audit_select} FROM n, jsonb_to_recordset(%(audit)s::jsonb) AS x({audit_recordset})
+)
+SELECT
+    (SELECT marked FROM n),
+    EXISTS (SELECT 1 FROM sub WHERE protected),
+    ARRAY(
+        SELECT ARRAY[s.id::text, s.parent_id::text] FROM sub s
+        WHERE s.phase NOT IN ('deleting', 'delete_failed') AND NOT EXISTS (SELECT 1 FROM sub c WHERE c.parent_id = s.id)
+    )
+"""
+
+
+def _mark_subtree(
+    record: Record, *, now: datetime, event: Event, audit_row: AuditEntry
+) -> tuple[list[tuple[Any, Any]], bool]:
+    """Run ``_MARK_SUBTREE`` for ``record``: the frontier's (id, parent id) rows and whether the
+    subtree holds a protected record."""
+    events, audit_rows = json_rows(Event, [event]), json_rows(AuditEntry, [audit_row])
+
+    def select(rows: JsonRows, merged: str, key: str) -> str:
+        return ", ".join(
+            f"x.{column} || jsonb_build_object('{key}', n.marked)" if column == merged else f"x.{column}"
+            for column in rows.columns
         )
-        frontier = subtree.exclude(phase__in=[Phase.DELETING, Phase.DELETE_FAILED]).filter(~_live_children())
-        if deletion_hold(subtree):
-            frontier = frontier.filter(~_held())
-            deletion_blocked_tell(tree_id=record.tree_id, lft=record.lft, rght=record.rght)
-        _enqueue_deletions_on_commit(list(frontier.values_list("pk", "parent_id")))
-        _notify([record])
-        record.deletion_requested_at = record.deletion_requested_at or now
-    return record
+
+    sql = _MARK_SUBTREE.format(
+        event_columns=", ".join(events.columns),
+        event_recordset=events.recordset,
+        event_select=select(events, '"data"', "subtree_records"),
+        audit_columns=", ".join(audit_rows.columns),
+        audit_recordset=audit_rows.recordset,
+        audit_select=select(audit_rows, '"detail"', "subtree"),
+    )
+    params = {
+        "tree": record.tree_id,
+        "lft": record.lft,
+        "rght": record.rght,
+        "now": now,
+        "next": now + _lease(),
+        "events": events.param,
+        "audit": audit_rows.param,
+    }
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        _marked, protected, frontier = cursor.fetchone()
+    return [(pk, parent) for pk, parent in frontier], protected
 
 
 def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[Any, BaseException | None]:
