@@ -218,6 +218,13 @@ def test_an_upstream_success_starts_the_downstream_once_with_its_cause(
     triggers.upstream_ended(build)
     assert TriggerFiring.objects.count() == 1
     assert len(runs_of("t-deploy")) == 1
+    # A process that died after the start but before its bookkeeping left the firing pending:
+    # the second try meets the first start at the key's unique constraint and takes its run.
+    TriggerFiring.objects.update(status="pending", run=None, done_at=None)
+    again = triggers.firing_process(TriggerFiring.objects.get().pk)
+    assert again is not None
+    assert (again.status, again.run_id) == ("started", deploy.pk)
+    assert len(runs_of("t-deploy")) == 1
 
 
 def test_upstream_on_failed_ignores_successes_and_a_paused_trigger_records_what_it_skipped(

@@ -482,3 +482,47 @@ def test_a_declaration_is_two_statements_flat_or_nested(django_capture_on_commit
     check_tree(run.tree_id)
     assert AuditEntry.objects.filter(action="record.create").count() == 5
     assert Event.objects.filter(record__tree_id=run.tree_id, type=EventType.DECLARED, reason="Declared").count() == 5
+
+
+def test_a_declarations_statements_are_prepared_once_per_connection(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """The tree's lock and the insert are planned once per database session, then executed
+    from the plan (Django opens its connections with psycopg's preparation off)."""
+    run = factories.run()
+    with django_capture_on_commit_callbacks(execute=False):
+        for i in range(4):
+            factories.sleep(run, f"r{i}")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
+        prepared = cursor.fetchall()
+    lock = [uses for statement, uses in prepared if '"parent_id" IS NULL FOR NO KEY UPDATE' in statement]
+    insert = [uses for statement, uses in prepared if "INSERT INTO records_record" in statement]
+    assert [len(lock), len(insert)] == [1, 1], prepared
+    assert min(lock + insert) >= 4, prepared
+
+
+def test_a_deletion_request_of_a_root_is_two_statements(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    """The root locked and read, then one statement marks the subtree, writes the event and
+    the audit row with the count, and returns the frontier; the deletion it sends completes,
+    children first."""
+    run = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        branch = factories.sleep(run, "branch")
+        for i in range(3):
+            factories.sleep(branch, f"leaf{i}")
+    with django_capture_on_commit_callbacks(execute=False) as callbacks, CaptureQueriesContext(connection) as queries:
+        services.root_delete_request(root_id=run.pk, reason="RunSucceeded")
+    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(statements) == 2, statements
+    assert not Record.objects.filter(tree_id=run.tree_id, deletion_requested_at__isnull=True).exists()
+    event = Event.objects.get(record_id=run.pk, type=EventType.DELETION_REQUESTED)
+    assert (event.reason, event.data) == ("RunSucceeded", {"subtree_records": 5})
+    audit = AuditEntry.objects.get(action="record.delete_request", object_id=str(run.pk))
+    assert audit.detail == {"reason": "RunSucceeded", "subtree": 5}
+    for callback in callbacks:
+        callback()
+    assert set(Record.objects.filter(tree_id=run.tree_id).values_list("phase", flat=True)) == {Phase.DELETED}
+    deleted = {r.name: r.deleted_at for r in Record.objects.filter(tree_id=run.tree_id)}
+    assert all(deleted[f"leaf{i}"] <= deleted["branch"] for i in range(3))
+    assert deleted["branch"] <= deleted[run.name]
