@@ -523,6 +523,7 @@ def test_a_deletion_request_of_a_root_is_two_statements(eager: None, django_capt
     for callback in callbacks:
         callback()
     assert set(Record.objects.filter(tree_id=run.tree_id).values_list("phase", flat=True)) == {Phase.DELETED}
-    deleted = {r.name: r.deleted_at for r in Record.objects.filter(tree_id=run.tree_id)}
+    deleted = {r.name: r.deleted_at or timezone.now() for r in Record.objects.filter(tree_id=run.tree_id)}
+    assert all(r.deleted_at is not None for r in Record.objects.filter(tree_id=run.tree_id))
     assert all(deleted[f"leaf{i}"] <= deleted["branch"] for i in range(3))
     assert deleted["branch"] <= deleted[run.name]
