@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.agents.models import AgentCommand
@@ -285,8 +285,7 @@ def run_finish(
             RunWait.objects.filter(run=run).delete()
         if run.record_id is not None:
             records.root_delete_request(root_id=run.record_id, reason=f"Run{status.title().replace('_', '')}")
-        children = Run.objects.filter(parent_run=run, status__in=list(NOT_ENDED)).order_by("number")
-        for child in children:
+        for child in _children_not_ended(run):
             run_finish(
                 run=child,
                 status=RunStatus.CANCELLED,
@@ -302,6 +301,22 @@ def run_finish(
         # Last: after any pipeline row lock above, as activation takes them (pipelines, then triggers).
         triggers.upstream_ended(run, firings)
     return True
+
+
+def _children_not_ended(run: Run) -> list[Run]:
+    """The child runs of ``run`` that have not ended, oldest first. Most runs start none: a
+    raw existence check first (every run's end waits for it; the queryset compiled slower than
+    it ran)."""
+    statuses = sorted(NOT_ENDED)
+    placeholders = ", ".join(["%s"] * len(statuses))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM pipelines_run WHERE parent_run_id = %s AND status IN ({placeholders}) LIMIT 1",  # noqa: S608 - placeholders only
+            [Run._meta.pk.get_db_prep_value(run.pk, connection), *statuses],
+        )
+        if cursor.fetchone() is None:
+            return []
+    return list(Run.objects.filter(parent_run=run, status__in=list(NOT_ENDED)).order_by("number"))
 
 
 def run_promote(run: Run, *, reason: str) -> None:
