@@ -171,6 +171,38 @@ def sequence_next(name: str, *, taken: str, params: Sequence[Any] = ()) -> int:
             return int(cursor.fetchone()[0])
 
 
+def sequences_next(wanted: Sequence[tuple[str, str, Sequence[Any]]]) -> list[int]:
+    """``sequence_next`` of several sequences, each ``(name, taken, params)``, in one round trip
+    when they all exist (any made on first use is made as ``sequence_next`` makes it)."""
+    with connection.cursor() as cursor:
+        calls = ", ".join(["nextval(to_regclass(%s))"] * len(wanted))
+        cursor.execute(f"SELECT {calls}", [name for name, _taken, _params in wanted])
+        values = cursor.fetchone()
+    return [
+        int(value) if value is not None else sequence_next(name, taken=taken, params=params)
+        for value, (name, taken, params) in zip(values, wanted, strict=True)
+    ]
+
+
+def insert_json_groups(groups: Sequence[tuple[type[Model], JsonRows]]) -> None:
+    """INSERT rows of several models (each model's rows as ``json_rows`` made them), auto ids
+    not set, in one prepared PostgreSQL statement: a data-modifying CTE per model (foreign
+    keys are checked at commit). For a path every run start takes, where a round trip and an
+    ORM insert per row cost more than the rows."""
+    if not is_postgresql():
+        raise RuntimeError("insert_json_groups writes through PostgreSQL's jsonb_to_recordset")
+    parts = []
+    for i, (model, found) in enumerate(groups):
+        columns = ", ".join(found.columns)
+        table = connection.ops.quote_name(model._meta.db_table)
+        parts.append(
+            f"i{i} AS (INSERT INTO {table} ({columns}) "  # noqa: S608 - names from the models
+            f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS x({found.recordset}))"
+        )
+    with prepared_cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(parts)} SELECT 1", [found.param for _model, found in groups])
+
+
 def closes_connections(fn: Callable[P, T]) -> Callable[P, T]:
     """``fn`` for a thread of one of our own pools: the database connections it opened on its
     thread are closed when it returns. Django's connections are per thread; a request's are

@@ -4,31 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 
 from apps.core import access
-from apps.core.db import is_postgresql, sequence_next
+from apps.core.db import insert_json_groups, is_postgresql, json_rows, sequence_next, sequences_next
 from apps.core.errors import Conflict, GrapheneError, NotFound, ValidationFailed
+from apps.core.models import AuditEntry
 from apps.pipelines.causes import cause_text, parent_cause, user_cause
 from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
-from apps.pipelines.models import Pipeline, Revision, Run, RunWait, Trigger
+from apps.pipelines.models import Pipeline, Revision, Run, RunEvent, RunWait, Trigger
 from apps.pipelines.services.definitions import definition_for_run, definition_get, inputs_validate, pipeline_sync
 from apps.pipelines.services.lifecycle import run_finish
 from apps.pipelines.services.transitions import (
     Actor,
     run_audit,
+    run_audit_row,
     run_audited,
     run_created,
+    run_created_row,
     run_enqueue_on_commit,
     run_lock,
+    run_told,
     run_transition,
 )
 from apps.records import services as records
 from apps.records.choices import Phase
-from apps.records.models import Record
+from apps.records.models import TREE_ID_SEQUENCE, Event, Record
 
 
 def _create_run(
@@ -47,15 +51,24 @@ def _create_run(
     cause: dict[str, Any] | None = None,
     trigger: Trigger | None = None,
 ) -> Run:
-    number = run_number_next(row)
-    root = records.record_create_root(
-        kind="graphene.run", name=f"{row.name}#{number}", namespace=row.namespace, actor=actor
-    )
+    pg = is_postgresql()
+    if pg:  # the run's number and its tree's in one round trip
+        number, tree_id = sequences_next(
+            [(_run_number_sequence(row), _RUN_NUMBER_TAKEN, [row.pk]), (TREE_ID_SEQUENCE, _TREE_ID_TAKEN, [])]
+        )
+        root, root_event = records.run_root_rows(
+            name=f"{row.name}#{number}", namespace=row.namespace, tree_id=tree_id, actor=actor
+        )
+    else:
+        number = run_number_next(row)
+        root = records.record_create_root(
+            kind="graphene.run", name=f"{row.name}#{number}", namespace=row.namespace, actor=actor
+        )
     if status == RunStatus.QUEUED:
         # Before the run's own notifications: after the commit a worker is told first, watchers next.
         run_enqueue_on_commit(root.pk)
     deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
-    run = Run.objects.create(
+    run = Run(
         id=root.pk,
         pipeline=row,
         number=number,
@@ -74,9 +87,31 @@ def _create_run(
         trigger=trigger,
     )
     message = f"started by {cause_text(run.cause)}" if run.cause.get("type") not in ("user", "system") else ""
-    run_created(run=run, reason=reason, message=message, actor=actor)
-    run_audit("run.start", run, actor=actor, before=None, status=status)
+    if not pg:
+        run.save(force_insert=True)
+        run_created(run=run, reason=reason, message=message, actor=actor)
+        run_audit("run.start", run, actor=actor, before=None, status=status)
+        return run
+    # One statement for the root, the run, their first events and the audit row (each had its
+    # round trip and ORM insert). The run's JSON first: its event is stamped at its created_at.
+    rows = [(Record, json_rows(Record, [root])), (Event, json_rows(Event, [root_event])), (Run, json_rows(Run, [run]))]
+    event = run_created_row(run=run, reason=reason, message=message, actor=actor)
+    audit_row = run_audit_row("run.start", run, actor=actor, before=None, status=status)
+    insert_json_groups(
+        [*rows, (RunEvent, json_rows(RunEvent, [event])), (AuditEntry, json_rows(AuditEntry, [audit_row]))]
+    )
+    run._state.adding, run._state.db = False, connection.alias
+    records.run_root_written(root)
+    run_told(run)
     return run
+
+
+def _run_number_sequence(row: Pipeline) -> str:
+    return f"pipelines_run_number_{int(row.pk)}"
+
+
+_RUN_NUMBER_TAKEN = "SELECT MAX(number) FROM pipelines_run WHERE pipeline_id = %s"
+_TREE_ID_TAKEN = "SELECT MAX(tree_id) FROM records_record"
 
 
 def run_number_next(row: Pipeline) -> int:
@@ -86,8 +121,7 @@ def run_number_next(row: Pipeline) -> int:
     SQLite the highest number + 1 (its write lock serializes the starts)."""
     if not is_postgresql():
         return (Run.objects.filter(pipeline=row).aggregate(n=Max("number"))["n"] or 0) + 1
-    taken = "SELECT MAX(number) FROM pipelines_run WHERE pipeline_id = %s"
-    return sequence_next(f"pipelines_run_number_{int(row.pk)}", taken=taken, params=[row.pk])
+    return sequence_next(_run_number_sequence(row), taken=_RUN_NUMBER_TAKEN, params=[row.pk])
 
 
 # Concurrency policies whose starts decide from the pipeline's other runs, under its row lock.

@@ -18,6 +18,7 @@ from django.utils import timezone
 from apps.core import audit
 from apps.core.errors import GrapheneError
 from apps.core.events import publish_many_on_commit
+from apps.core.models import AuditEntry
 from apps.pipelines.choices import RUN_TRANSITIONS
 from apps.pipelines.models import Run, RunEvent
 
@@ -125,6 +126,30 @@ def run_audit(action: str, run: Run, *, actor: Actor, before: dict[str, Any] | N
 
 def run_created(*, run: Run, reason: str, message: str = "", actor: Actor = None) -> None:
     """The first event of a new run (its first status, who started it and how); told to watchers."""
-    event = _event(run, before="", reason=reason, message=message, actor=actor, data=None, at=run.created_at)
-    event.save(force_insert=True)
+    run_created_row(run=run, reason=reason, message=message, actor=actor).save(force_insert=True)
     _publish(run)
+
+
+def run_created_row(*, run: Run, reason: str, message: str = "", actor: Actor = None) -> RunEvent:
+    """``run_created``'s event, unsaved, for a start that writes it with the run (``run_told``)."""
+    return _event(run, before="", reason=reason, message=message, actor=actor, data=None, at=run.created_at)
+
+
+def run_told(run: Run) -> None:
+    """Watchers hear of ``run`` once the transaction that wrote it commits."""
+    _publish(run)
+
+
+def run_audit_row(action: str, run: Run, *, actor: Actor, before: dict[str, Any] | None, **detail: Any) -> AuditEntry:
+    """``run_audit``'s row, unsaved, for a start that writes it with the run."""
+    return audit.audit_row(
+        action=action,
+        resource="runs",
+        object_id=run.pk,
+        object_name=f"{run.pipeline.name}#{run.number}",
+        namespace=run.namespace,
+        before=before,
+        after=run_audited(run),
+        detail=detail,
+        actor=actor,
+    )

@@ -41,6 +41,8 @@ from apps.records.services.declare import (
     record_create_root,
     record_declare,
     record_ensure_root,
+    run_root_rows,
+    run_root_written,
     spec_validate,
 )
 from apps.records.services.delete import (
@@ -121,5 +123,7 @@ __all__ = [
     "records_reconcile",
     "records_sweep",
     "root_delete_request",
+    "run_root_rows",
+    "run_root_written",
     "spec_validate",
 ]

@@ -152,6 +152,35 @@ def record_ensure_root(*, kind: str, name: str, namespace: str = "default") -> R
         )
 
 
+def run_root_rows(*, name: str, namespace: str, tree_id: int, actor: Actor = None) -> tuple[Record, Event]:
+    """A run's root (the top of tree ``tree_id``, numbered by the caller from the tree id
+    sequence) and its ``Created`` event, unsaved: for a run start that writes them in the
+    statement that writes the run (``run_root_written`` once it has)."""
+    validation.check_text(name, field="name")
+    validation.check_text(namespace, field="namespace")
+    record = Record(
+        kind="graphene.run",
+        name=name,
+        namespace=namespace,
+        spec={},
+        labels={},
+        phase=Phase.READY,
+        observed_generation=1,
+        tree_id=tree_id,
+        lft=1,
+        rght=2,
+        level=0,
+    )
+    return record, _event(record.pk, EventType.DECLARED, reason="Created", actor=actor)
+
+
+def run_root_written(record: Record) -> None:
+    """``run_root_rows``'s root is in the database: the instance says so and watchers are told."""
+    record._state.adding = False
+    record._state.db = connection.alias
+    _notify([record])
+
+
 def record_declare(
     *,
     kind: str,
