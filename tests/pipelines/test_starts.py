@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
+from apps.core.models import AuditEntry
 from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
-from apps.pipelines.models import Run
-from apps.records.models import Record
+from apps.pipelines.models import Run, RunEvent
+from apps.records.models import Event, Record
 from tests.harness.wait import wait_for
 
 
@@ -103,3 +105,22 @@ def test_queue_starts_take_turns_on_the_pipeline_lock() -> None:
     assert turn.status == RunStatus.QUEUED
     assert (first.status, second.status) == (RunStatus.WAITING, RunStatus.WAITING)
     assert [turn.number, first.number, second.number] == [1, 2, 3]  # numbered in the order they decided
+
+
+@pytest.mark.django_db
+def test_a_parallel_start_writes_its_run_in_one_statement(django_capture_on_commit_callbacks: Any) -> None:
+    """The pipeline's row, the run's number and its tree's id (one round trip), then the root,
+    the run, their first events and the audit row in one statement; all of them readable after."""
+    services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})  # the pipeline's row and sequences exist
+    with django_capture_on_commit_callbacks(execute=False), CaptureQueriesContext(connection) as queries:
+        run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(statements) == 3, statements
+    fresh = Run.objects.get(pk=run.pk)
+    root = Record.objects.get(pk=run.pk)  # a run and its root share the id
+    assert (fresh.status, root.name) == (RunStatus.QUEUED, f"sample.noop#{run.number}")
+    assert (root.lft, root.rght, root.level) == (1, 2, 0)
+    assert Record.objects.filter(tree_id=root.tree_id).count() == 1
+    assert RunEvent.objects.get(run=run).created_at == fresh.created_at
+    assert Event.objects.filter(record_id=run.pk, reason="Created").count() == 1
+    assert AuditEntry.objects.filter(action="run.start", object_id=str(run.pk)).count() == 1

@@ -146,17 +146,20 @@ def run_audited(run: Run) -> dict[str, Any]:
 
 def run_audit(action: str, run: Run, *, actor: Actor, before: dict[str, Any] | None, **detail: Any) -> None:
     """The audit row of ``action`` on ``run`` (as it is now), in the caller's transaction."""
-    audit.audit_write(
-        action=action,
-        resource="runs",
-        object_id=run.pk,
-        object_name=f"{run.pipeline.name}#{run.number}",
-        namespace=run.namespace,
-        before=before,
-        after=run_audited(run),
-        detail=detail,
-        actor=actor,
-    )
+    audit.audit_write(**_audited_change(action, run, before, detail), actor=actor)
+
+
+def _audited_change(action: str, run: Run, before: dict[str, Any] | None, detail: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "action": action,
+        "resource": "runs",
+        "object_id": run.pk,
+        "object_name": f"{run.pipeline.name}#{run.number}",
+        "namespace": run.namespace,
+        "before": before,
+        "after": run_audited(run),
+        "detail": detail,
+    }
 
 
 def run_created(*, run: Run, reason: str, message: str = "", actor: Actor = None) -> None:
@@ -177,14 +180,4 @@ def run_told(run: Run) -> None:
 
 def run_audit_row(action: str, run: Run, *, actor: Actor, before: dict[str, Any] | None, **detail: Any) -> AuditEntry:
     """``run_audit``'s row, unsaved, for a start that writes it with the run."""
-    return audit.audit_row(
-        action=action,
-        resource="runs",
-        object_id=run.pk,
-        object_name=f"{run.pipeline.name}#{run.number}",
-        namespace=run.namespace,
-        before=before,
-        after=run_audited(run),
-        detail=detail,
-        actor=actor,
-    )
+    return audit.audit_row(**_audited_change(action, run, before, detail), actor=actor)
