@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.core import workers
@@ -68,8 +68,12 @@ def held(worker: WorkerHeartbeat, phase: str = Phase.CREATING) -> Record:
 
 
 def test_a_worker_whose_session_ended_is_lost_and_its_convergence_is_taken_over() -> None:
-    dead = heartbeat(silent_s=3, session=ended_session())
-    record = held(dead)
+    record = factories.sleep(factories.run(), "held")
+    # The lost worker and the operation it holds commit together: a shared worker's sweep
+    # (after each of its beats) finds both or neither, never the worker without its operation.
+    with transaction.atomic():
+        dead = heartbeat(silent_s=3, session=ended_session())
+        Record.objects.filter(pk=record.pk).update(phase=Phase.CREATING, held_by=dead.pk)
 
     workers.workers_sweep()
 
