@@ -191,14 +191,7 @@ def insert_json_groups(groups: Sequence[tuple[type[Model], JsonRows]]) -> None:
     ORM insert per row cost more than the rows."""
     if not is_postgresql():
         raise RuntimeError("insert_json_groups writes through PostgreSQL's jsonb_to_recordset")
-    parts = []
-    for i, (model, found) in enumerate(groups):
-        columns = ", ".join(found.columns)
-        table = connection.ops.quote_name(model._meta.db_table)
-        parts.append(
-            f"i{i} AS (INSERT INTO {table} ({columns}) "  # noqa: S608 - names from the models
-            f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS x({found.recordset}))"
-        )
+    parts = [f"i{i} AS ({insert_select(model, found)})" for i, (model, found) in enumerate(groups)]
     with prepared_cursor() as cursor:
         cursor.execute(f"WITH {', '.join(parts)} SELECT 1", [found.param for _model, found in groups])
 
@@ -317,13 +310,18 @@ def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:
         model._default_manager.bulk_create(rows)
         return
     found = json_rows(model, rows)
+    with connection.cursor() as cursor:
+        cursor.execute(insert_select(model, found), [found.param])
+
+
+def insert_select(model: type[Model], found: JsonRows) -> str:
+    """The PostgreSQL statement inserting ``found`` (``json_rows`` of ``model``) from its one
+    JSON parameter (``%s``)."""
     columns = ", ".join(found.columns)
-    sql = (
+    return (
         f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({columns}) "  # noqa: S608 - names from the model
         f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS x({found.recordset})"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [found.param])
 
 
 _PREPARE_ONLY_WHEN_ASKED = 2**62
@@ -346,7 +344,7 @@ def prepared_cursor() -> Iterator[Any]:
     if connection.connection.prepare_threshold is None:
         # Django opens connections with psycopg's preparation off (``prepare_threshold=None``),
         # and then psycopg ignores ``prepare=True`` too. A threshold no statement reaches by
-        # repetition turns it back on for this cursor's statements only.
+        # repetition turns it back on: only what this cursor asks for is prepared.
         connection.connection.prepare_threshold = _PREPARE_ONLY_WHEN_ASKED
     raw = _prepared_cursor_class()(connection.connection)
     wrapped = _PreparedDebugCursor(raw, connection) if connection.queries_logged else connection.make_cursor(raw)

@@ -17,7 +17,7 @@ from django.db.models import Field, Model
 from django.utils import timezone
 
 from apps.core import audit
-from apps.core.db import is_postgresql, json_rows
+from apps.core.db import insert_select, is_postgresql, json_rows
 from apps.core.errors import GrapheneError
 from apps.core.events import publish_many_on_commit
 from apps.core.models import AuditEntry
@@ -108,12 +108,8 @@ def _update_with_event(run: Run, values: dict[str, Any], event: RunEvent) -> Non
     quote = connection.ops.quote_name
     found = json_rows(RunEvent, [event])
     sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
-    columns = ", ".join(found.columns)
-    sql = (
-        f"WITH u AS (UPDATE {quote(Run._meta.db_table)} SET {sets} WHERE id = %s) "  # noqa: S608 - the model's own columns
-        f"INSERT INTO {quote(RunEvent._meta.db_table)} ({columns}) SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) "
-        f"AS x({found.recordset})"
-    )
+    update = f"UPDATE {quote(Run._meta.db_table)} SET {sets} WHERE id = %s"  # noqa: S608 - the model's own columns
+    sql = f"WITH u AS ({update}) {insert_select(RunEvent, found)}"
     params = [
         field.get_db_prep_save(value.pk if isinstance(value, Model) else value, connection)
         for field, value in zip(fields, values.values(), strict=True)

@@ -28,7 +28,6 @@ from apps.records.services.transitions import (
     _audited,
     _enqueue_converge_on_commit,
     _event,
-    _event_kwargs,
     _lease,
     _lock_tree,
     _notify,
@@ -116,17 +115,9 @@ def record_create_root(
                 .exists()
             ):
                 raise Conflict(f"a live {kind} named {name!r} already exists")
-        record = Record(
-            kind=kind,
-            name=name,
-            namespace=namespace,
-            spec=spec or {},
-            labels=labels,
-            phase=phase,
-            observed_generation=1,
-        )
+        record = _root(kind=kind, name=name, namespace=namespace, spec=spec or {}, labels=labels, phase=phase)
         record.save(force_insert=True)  # a new root: mptt gives it the next tree id
-        Event.objects.create(**_event_kwargs(record.pk, EventType.DECLARED, reason="Created", actor=actor))
+        _root_created(record, actor=actor).save(force_insert=True)
         if named:  # a run's root is its run (the same id): run.start is its row
             _audit("record.create", record, actor=actor, before=None, after=_audited(record))
         _notify([record])
@@ -158,20 +149,21 @@ def run_root_rows(*, name: str, namespace: str, tree_id: int, actor: Actor = Non
     statement that writes the run (``run_root_written`` once it has)."""
     validation.check_text(name, field="name")
     validation.check_text(namespace, field="namespace")
-    record = Record(
-        kind="graphene.run",
-        name=name,
-        namespace=namespace,
-        spec={},
-        labels={},
-        phase=Phase.READY,
-        observed_generation=1,
-        tree_id=tree_id,
-        lft=1,
-        rght=2,
-        level=0,
+    record = _root(kind="graphene.run", name=name, namespace=namespace, spec={}, labels={}, phase=Phase.READY)
+    record.tree_id, record.lft, record.rght, record.level = tree_id, 1, 2, 0  # alone in its tree
+    return record, _root_created(record, actor=actor)
+
+
+def _root(*, kind: str, name: str, namespace: str, spec: dict[str, Any], labels: dict[str, str], phase: str) -> Record:
+    """A new root, unsaved: nothing to converge (its generation observed already)."""
+    return Record(
+        kind=kind, name=name, namespace=namespace, spec=spec, labels=labels, phase=phase, observed_generation=1
     )
-    return record, _event(record.pk, EventType.DECLARED, reason="Created", actor=actor)
+
+
+def _root_created(record: Record, *, actor: Actor) -> Event:
+    """A new root's first event, unsaved."""
+    return _event(record.pk, EventType.DECLARED, reason="Created", actor=actor)
 
 
 def run_root_written(record: Record) -> None:

@@ -58,8 +58,7 @@ def record_delete_request(
     access.require_actor(actor, "delete", "records", record.namespace)
     with transaction.atomic():
         if record.parent_id is None:
-            # A root is its tree's lock: locked and read fresh in one statement.
-            fresh = Record.objects.select_for_update(no_key=True).filter(pk=record.pk).first()
+            fresh = _lock_root(record.pk)
             if fresh is None:
                 return record
             record = fresh
@@ -77,15 +76,20 @@ def root_delete_request(*, root_id: Any, reason: str) -> Record | None:
     None when it is gone already. No savepoint of its own inside the caller's transaction: an
     error here ends the run's end as a whole."""
     with transaction.atomic(savepoint=False):
-        if is_postgresql():
-            # Raw: a run's end waits for this statement; its queryset compiled slower than it ran.
-            root = next(iter(Record.objects.raw(_ROOT_FOR_UPDATE, [root_id])), None)
-        else:
-            root = Record.objects.filter(pk=root_id, parent__isnull=True).first()
+        root = _lock_root(root_id)
         if root is None or root.phase == Phase.DELETED:
             return root
         _delete_request_locked(root, actor=None, reason=reason, message="")
     return root
+
+
+def _lock_root(root_id: Any) -> Record | None:
+    """The root ``root_id`` read fresh and locked: a root's row is its tree's lock
+    (``_lock_tree``), so one statement takes the lock and reads it. None if there is no such root."""
+    if not is_postgresql():
+        return Record.objects.filter(pk=root_id, parent__isnull=True).first()
+    # Raw: a run's end waits for this statement; its queryset compiled slower than it ran.
+    return next(iter(Record.objects.raw(_ROOT_FOR_UPDATE, [root_id])), None)
 
 
 _ROOT_FOR_UPDATE = "SELECT * FROM records_record WHERE id = %s AND parent_id IS NULL FOR NO KEY UPDATE"
