@@ -324,6 +324,51 @@ def insert_select(model: type[Model], found: JsonRows) -> str:
     )
 
 
+def select_columns(model: type[Model], alias: str, *, prefix: str = "") -> str:
+    """``model``'s concrete columns from the table aliased ``alias``, in ``model_from_row``'s
+    order; each renamed ``prefix`` + its name when given (two models' columns in one row)."""
+    quote = connection.ops.quote_name
+    return ", ".join(
+        f"{alias}.{quote(f.column)}" + (f" AS {quote(prefix + f.column)}" if prefix else "")
+        for f in model._meta.concrete_fields
+    )
+
+
+def models_from_row(models: Sequence[type[Model]], row: Sequence[Any]) -> list[Any]:
+    """Instances of ``models`` (as if the ORM had read them) from one row of a raw cursor
+    holding each one's concrete columns in turn, in ``select_columns`` order: each value
+    converted by its field as a queryset would (a JSON column arrives as text). A model whose
+    primary key is NULL (an outer join found none) is None."""
+    found: list[Any] = []
+    at = 0
+    for model in models:
+        fields, converters = _row_converters(model)
+        values = row[at : at + len(fields)]
+        at += len(fields)
+        if values[fields.index(model._meta.pk)] is None:
+            found.append(None)
+            continue
+        converted = []
+        for value, field_converters in zip(values, converters, strict=True):
+            for convert, expression in field_converters:
+                value = convert(value, expression, connection)
+            converted.append(value)
+        found.append(model.from_db(connection.alias, [f.attname for f in fields], converted))
+    if at != len(row):
+        raise ValueError(f"a row of {len(row)} columns is not one of {', '.join(m.__name__ for m in models)}")
+    return found
+
+
+@functools.cache
+def _row_converters(model: type[Model]) -> tuple[list[Field[Any, Any]], list[list[tuple[Any, Any]]]]:
+    fields = list(model._meta.concrete_fields)
+    converters = []
+    for field in fields:
+        col = field.get_col(model._meta.db_table)
+        converters.append([(c, col) for c in connection.ops.get_db_converters(col) + col.get_db_converters(connection)])
+    return fields, converters
+
+
 _PREPARE_ONLY_WHEN_ASKED = 2**62
 
 

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 import urllib3
+from django.db import connection
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from graphene_sdk import Client as GrapheneClient
 from graphene_sdk import _delivery
@@ -213,10 +215,22 @@ def test_an_upstream_success_starts_the_downstream_once_with_its_cause(
     assert shown["cause_text"] == f"run t-build#{build.number} succeeded (trigger after-t-build)"
     assert api.get(f"/api/v1/runs/{build.pk}/").json()["cause_text"] == "user alice"
     fired = TriggerEvent.objects.get(reason="Fired")
-    assert fired.run_id == deploy.pk
+    assert (fired.run_id, fired.data) == (deploy.pk, {"cause": deploy.cause})
+    assert fired.message == f"started {deploy} for {shown['cause_text']}"
+    assert Trigger.objects.get(pk=fired.trigger_id).last_run_id == deploy.pk
+    assert TriggerFiring.objects.get().status == "started"
     # The same end seen again (a replayed finish, a second process) starts nothing more.
     triggers.upstream_ended(build)
     assert TriggerFiring.objects.count() == 1
+    # Given a list, the end's firings join it as written (processed by whoever took the list),
+    # their triggers and pipelines loaded with them.
+    seen_again: list[TriggerFiring] = []
+    triggers.upstream_ended(build, seen_again)
+    with CaptureQueriesContext(connection) as reads:
+        found = [(f.pk, f.status, f.run_id, str(f.trigger), f.cause, f.trigger.pipeline.revision) for f in seen_again]
+    firing = TriggerFiring.objects.get()
+    assert found == [(firing.pk, "started", deploy.pk, "t-deploy/after-t-build", deploy.cause, deploy.revision)]
+    assert len(reads) == 0, [q["sql"] for q in reads.captured_queries]
     assert len(runs_of("t-deploy")) == 1
     # A process that died after the start but before its bookkeeping left the firing pending:
     # the second try meets the first start at the key's unique constraint and takes its run.
@@ -500,9 +514,23 @@ def test_triggers_of_code_installed_on_the_workers_are_reconciled_when_it_is_syn
     assert not Trigger.objects.filter(pipeline=row).exists()
     services.pipeline_sync(installed(cron("0 3 * * *", name="nightly")))
     assert Trigger.objects.filter(pipeline=row).exists()
+    # An end of the pipeline it watches fires it: a pipeline of installed code has no revision.
+    services.pipeline_sync(installed(upstream("t-watched", on="any")))
+    watched = Pipeline.objects.create(name="t-watched", source="tests:watched")
+    ended_run = Run.objects.create(pipeline=watched, number=1, status="failed", inputs={"a": 1})
+    fired: list[TriggerFiring] = []
+    triggers.upstream_ended(ended_run, fired)
+    with CaptureQueriesContext(connection) as reads:
+        found = [(f.trigger.name, f.trigger.pipeline.name, f.trigger.pipeline.revision, f.payload) for f in fired]
+    payload = {"id": str(ended_run.pk), "pipeline": "t-watched", "number": 1, "status": "failed"}
+    assert found == [("after-t-watched", "t-installed", None, {**payload, "inputs": {"a": 1}, "outputs": None})]
+    assert fired[0].cause["status"] == "failed"
+    assert len(reads) == 0, [q["sql"] for q in reads.captured_queries]
     services.pipelines_sync_all()  # its code is not installed (any more): its triggers go
     assert not Trigger.objects.filter(pipeline=row).exists()
     assert PipelineEvent.objects.filter(pipeline=row).values_list("reason", flat=True)[::1] == [
+        "TriggerCreated",
+        "TriggerDeleted",
         "TriggerCreated",
         "TriggerDeleted",
         "TriggerCreated",

@@ -49,17 +49,29 @@ def _delivered(name: str) -> Pipeline | None:
     return Pipeline.objects.select_related("revision").filter(name=name, revision__isnull=False).first()
 
 
-def definition_get(name: str, *, user: Any = None, revision: Revision | None = None) -> Definition[Any, Any]:
+def definition_get(
+    name: str, *, user: Any = None, revision: Revision | None = None, row: Pipeline | None = None
+) -> Definition[Any, Any]:
     """The pipeline ``name``: the code installed on the workers, else its active revision's
     (or ``revision``'s: a draft start). With ``user``: only if they may see pipelines in its
-    namespace (else the same 404 as an unknown name, which lists only what they may see)."""
+    namespace (else the same 404 as an unknown name, which lists only what they may see).
+    ``row``: the pipeline's row as read already, with its active revision (not read again)."""
+    return definition_lookup(name, user=user, revision=revision, row=row)[0]
+
+
+def definition_lookup(
+    name: str, *, user: Any = None, revision: Revision | None = None, row: Pipeline | None = None
+) -> tuple[Definition[Any, Any], Pipeline | None]:
+    """``definition_get``, with the pipeline's row when one was read or given (its active
+    revision loaded with it): a start takes it instead of reading it again."""
     loaded = pipelines_load()
     found = loaded.get(name)
     if found is None:
         target = revision
         if target is None:
-            local.dirs_deliver(max_age=DIRS_LOOK_SECONDS)  # GRAPHENE_PIPELINE_DIRS' files may have changed
-            row = _delivered(name)
+            if row is None or row.revision_id is None:
+                local.dirs_deliver(max_age=DIRS_LOOK_SECONDS)  # GRAPHENE_PIPELINE_DIRS' files may have changed
+                row = _delivered(name)
             if row is None:  # perhaps a pipeline of theirs whose revision this process has not made yet
                 local.dirs_deliver()
                 row = _delivered(name)
@@ -68,7 +80,7 @@ def definition_get(name: str, *, user: Any = None, revision: Revision | None = N
         if target is not None:
             found = loader.definition(target, name)
     if found is not None and (user is None or access.may(user, "get", "pipelines", found.namespace)):
-        return found
+        return found, row
     visible = [n for n, d in loaded.items() if user is None or access.may(user, "get", "pipelines", d.namespace)]
     delivered = Pipeline.objects.filter(revision__isnull=False)
     if user is not None:

@@ -16,7 +16,13 @@ from apps.core.models import AuditEntry
 from apps.pipelines.causes import cause_text, parent_cause, user_cause
 from apps.pipelines.choices import ACTIVE, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Revision, Run, RunEvent, RunWait, Trigger
-from apps.pipelines.services.definitions import definition_for_run, definition_get, inputs_validate, pipeline_sync
+from apps.pipelines.services.definitions import (
+    definition_for_run,
+    definition_get,
+    definition_lookup,
+    inputs_validate,
+    pipeline_sync,
+)
 from apps.pipelines.services.lifecycle import run_finish
 from apps.pipelines.services.transitions import (
     Actor,
@@ -198,7 +204,9 @@ def run_start(
             f"revision {revision.short} defines no pipeline {pipeline_name!r}; "
             f"it defines: {', '.join(revision.pipeline_names()) or 'none'}"
         )
-    definition = definition_get(pipeline_name, user=actor, revision=revision)
+    # A trigger's pipeline row came with its firing: a triggered start reads it no more.
+    known = trigger.pipeline if trigger is not None else None
+    definition, seen = definition_lookup(pipeline_name, user=actor, revision=revision, row=known)
     if actor is not None:
         access.require(actor, "start", "runs", definition.namespace)
     clean = inputs_validate(definition, inputs)
@@ -211,7 +219,8 @@ def run_start(
     try:
         with transaction.atomic():
             while True:
-                row = pipeline_sync(definition, lock=turns)
+                # Unlocked, the row just read serves (read again, it would be no fresher).
+                row = pipeline_sync(definition, row=None if turns else seen, lock=turns)
                 pinned = revision or row.revision
                 if pinned is not None and revision is None:
                     # The revision active now (activation may have moved it since ``definition_get``).
