@@ -5,6 +5,7 @@ without a lock), ``queue`` starts take the pipeline's row lock one after the oth
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -124,3 +125,24 @@ def test_a_parallel_start_writes_its_run_in_one_statement(django_capture_on_comm
     assert RunEvent.objects.get(run=run).created_at == fresh.created_at
     assert Event.objects.filter(record_id=run.pk, reason="Created").count() == 1
     assert AuditEntry.objects.filter(action="run.start", object_id=str(run.pk)).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_is_taken_in_one_read_and_one_write_with_what_the_execution_needs() -> None:
+    """The run's row is locked and read with its pipeline's and its revision's; the
+    transition writes the run and its event: no more statements, and none after for them."""
+    run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    with CaptureQueriesContext(connection) as queries:
+        acquired = services.run_lease_acquire(run_id=run.pk)
+        assert acquired is not None
+        taken, token = acquired
+        named = (taken.pipeline.name, taken.revision, services.definition_for_run(taken).name)
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 2, statements
+    assert "FOR NO KEY UPDATE" in statements[0]
+    assert named == ("sample.noop", None, "sample.noop")
+    fresh = Run.objects.get(pk=run.pk)
+    assert (fresh.status, fresh.lease_token, fresh.attempt) == (RunStatus.RUNNING, token, 1)
+    assert services.run_lease_acquire(run_id=run.pk) is None  # held: nothing to take
+    with pytest.raises(Run.DoesNotExist), transaction.atomic():
+        services.run_lock(uuid.uuid4())  # no such run

@@ -24,7 +24,7 @@ from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Run, RunEvent, RunWait
 from apps.pipelines.services import triggers
 from apps.pipelines.services.definitions import definition_for_run
-from apps.pipelines.services.transitions import Actor, run_enqueue_on_commit, run_lock, run_transition
+from apps.pipelines.services.transitions import Actor, run_enqueue_on_commit, run_lock, run_lock_or_none, run_transition
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -41,12 +41,7 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
     now = timezone.now()
     with transaction.atomic():
         # With its pipeline's row (not locked): the execution needs its name and policies.
-        run = (
-            Run.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("pipeline")
-            .filter(pk=run_id)
-            .first()
-        )
+        run = run_lock_or_none(run_id)
         if run is None:
             return None
         expired = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)

@@ -8,6 +8,7 @@ sends one once the transaction that queued the run commits.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any
 
@@ -17,12 +18,12 @@ from django.db.models import Field, Model
 from django.utils import timezone
 
 from apps.core import audit
-from apps.core.db import insert_select, is_postgresql, json_rows
+from apps.core.db import insert_select, is_postgresql, json_rows, models_from_row, prepared_cursor, select_columns
 from apps.core.errors import GrapheneError
 from apps.core.events import publish_many_on_commit
 from apps.core.models import AuditEntry
 from apps.pipelines.choices import RUN_TRANSITIONS
-from apps.pipelines.models import Run, RunEvent
+from apps.pipelines.models import Pipeline, Revision, Run, RunEvent
 
 Actor = AbstractBaseUser | AnonymousUser | None
 
@@ -37,8 +38,38 @@ def _actor_id(actor: Actor) -> Any:
 
 def run_lock(run_id: Any) -> Run:
     """The run's row, locked (no key update) until the transaction ends, with its pipeline's
-    (read, not locked: almost every caller names the pipeline, in events, metrics, turns)."""
-    return Run.objects.select_related("pipeline").select_for_update(no_key=True, of=("self",)).get(pk=run_id)
+    (read, not locked: almost every caller names the pipeline, in events, metrics, turns) and
+    its revision's (what it executes). ``Run.DoesNotExist`` if there is none."""
+    run = run_lock_or_none(run_id)
+    if run is None:
+        raise Run.DoesNotExist(f"no run {run_id}")
+    return run
+
+
+def run_lock_or_none(run_id: Any) -> Run | None:
+    """``run_lock``, or None when there is no such run."""
+    if not is_postgresql():
+        query = Run.objects.select_related("pipeline", "revision").select_for_update(no_key=True, of=("self",))
+        return query.filter(pk=run_id).first()
+    # Raw and prepared: every lease taken and every run's end waits for it (the queryset
+    # compiled slower than it ran).
+    with prepared_cursor() as cursor:
+        cursor.execute(_run_lock_sql(), [Run._meta.pk.get_db_prep_value(run_id, connection)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    run, pipeline, revision = models_from_row((Run, Pipeline, Revision), row)
+    run.pipeline, run.revision = pipeline, revision
+    return run
+
+
+@functools.cache
+def _run_lock_sql() -> str:
+    return (
+        f"SELECT {select_columns(Run, 'r')}, {select_columns(Pipeline, 'p')}, {select_columns(Revision, 'v')} "  # noqa: S608 - names from the models
+        "FROM pipelines_run r JOIN pipelines_pipeline p ON p.id = r.pipeline_id "
+        "LEFT JOIN pipelines_revision v ON v.id = r.revision_id WHERE r.id = %s FOR NO KEY UPDATE OF r"
+    )
 
 
 def _publish(run: Run) -> None:
