@@ -262,3 +262,43 @@ def test_protect_refuses_roots_deleted_records_and_deletions_under_way(
         services.record_protect(record=going)
     assert not Record.objects.filter(protected=True).exists()
     assert not Event.objects.filter(type=EventType.PROTECTED).exists()
+
+
+def test_the_sql_of_a_held_row_says_what_the_query_says(eager: None, django_capture_on_commit_callbacks: Any) -> None:
+    """Deletion batches ask in raw SQL (``HELD_SQL``) what the querysets ask with ``_held()``:
+    for every row of a tree with protected records requested at different times, both agree."""
+    from django.db import connection
+
+    from apps.records.services.transitions import HELD_SQL, _held
+
+    built = build(django_capture_on_commit_callbacks)
+    now = timezone.now()
+    db, env = built["db"], built["env"]
+    with django_capture_on_commit_callbacks(execute=True):
+        logs = factories.sleep(db, "logs")
+    Record.objects.filter(pk=logs.pk).update(deletion_requested_at=now - timedelta(seconds=15))
+    # The env (unprotected) first, then the protected db; inside db the volume before db (its
+    # own deletion goes on) and the logs after it (held); the web (beside them) last.
+    Record.objects.filter(pk=env.pk).update(deletion_requested_at=now - timedelta(seconds=30))
+    Record.objects.filter(pk=db.pk).update(deletion_requested_at=now - timedelta(seconds=20))
+    Record.objects.filter(pk=built["volume"].pk).update(deletion_requested_at=now - timedelta(seconds=25))
+    Record.objects.filter(pk=built["cache"].pk).update(deletion_requested_at=now - timedelta(seconds=40))
+    Record.objects.filter(pk=built["web"].pk).update(deletion_requested_at=now - timedelta(seconds=10))
+    tree = Record.objects.filter(tree_id=db.tree_id)
+    by_query = dict(tree.annotate(is_held=_held()).values_list("pk", "is_held"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT r.id, {HELD_SQL.format(row='r')} FROM records_record r WHERE r.tree_id = %s",  # noqa: S608
+            [db.tree_id],
+        )
+        by_sql = dict(cursor.fetchall())
+    assert by_sql == by_query
+    assert by_query == {
+        built["root"].pk: False,
+        env.pk: False,  # above db
+        db.pk: True,  # by itself
+        built["volume"].pk: False,  # requested before db was
+        logs.pk: True,  # requested after db was: held by db
+        built["cache"].pk: False,  # beside db
+        built["web"].pk: False,
+    }

@@ -3,6 +3,7 @@ branches in parallel; a failed delete retried with backoff forever and kept visi
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,15 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.core import access, domain, workers
-from apps.core.db import JsonRows, closes_connections, is_postgresql, json_rows, prepared_cursor
+from apps.core.db import (
+    JsonRows,
+    closes_connections,
+    is_postgresql,
+    json_rows,
+    models_from_row,
+    prepared_cursor,
+    select_columns,
+)
 from apps.core.models import AuditEntry
 from apps.records.choices import EventType, Phase
 from apps.records.models import Event, Record
@@ -25,6 +34,7 @@ from apps.records.services.placement import _left_behind
 from apps.records.services.protect import deletion_blocked_tell, deletion_hold
 from apps.records.services.transitions import (
     _CREATE_IN_FLIGHT,
+    HELD_SQL,
     Actor,
     _audit,
     _audit_row,
@@ -43,6 +53,7 @@ from apps.records.services.transitions import (
     backoff_seconds,
     operation_lock,
     operation_resumed_tell,
+    uuid_array,
 )
 from kinds import NotYet, get_kind
 
@@ -307,18 +318,8 @@ def _claim(record_ids: list[Any]) -> _Batch | None:
     """Lock the given records, move those without live children to ``deleting``; None when
     none is left to delete here. Runs in the caller's transaction."""
     while record_ids:
-        rows = list(
-            Record.objects.select_for_update(no_key=True)
-            .filter(pk__in=record_ids, deletion_requested_at__isnull=False)
-            .exclude(phase=Phase.DELETED)
-            .annotate(is_held=_held())
-            .order_by("pk")
-        )
-        busy = set(
-            Record.objects.filter(parent_id__in=[r.pk for r in rows])
-            .exclude(phase=Phase.DELETED)
-            .values_list("parent_id", flat=True)
-        )
+        rows = _claimable(record_ids)
+        busy = _with_live_children([r.pk for r in rows])
         # A protected record holds these (a message sent before it was held, a reconciler's
         # look): they wait, without a lease, until it is unprotected.
         held = [r.pk for r in rows if r.is_held and r.phase not in (Phase.DELETING, Phase.DELETE_FAILED)]
@@ -352,6 +353,55 @@ def _claim(record_ids: list[Any]) -> _Batch | None:
     return None
 
 
+def _claimable(record_ids: list[Any]) -> list[Record]:
+    """The given records whose deletion was requested and that are not deleted, locked (by
+    primary key), each with ``is_held`` (``_held``). On PostgreSQL one prepared statement, the
+    ids as one array: a batch's querysets cost its worker more CPU, in compiling them and
+    quoting a parameter per id, than the database spent on them (bench/cascade_delete.py)."""
+    if not is_postgresql():
+        return list(
+            Record.objects.select_for_update(no_key=True)
+            .filter(pk__in=record_ids, deletion_requested_at__isnull=False)
+            .exclude(phase=Phase.DELETED)
+            .annotate(is_held=_held())
+            .order_by("pk")
+        )
+    with prepared_cursor() as cursor:
+        cursor.execute(_claimable_sql(), [uuid_array(record_ids)])
+        found = cursor.fetchall()
+    rows = []
+    for values in found:
+        (record,) = models_from_row((Record,), values[:-1])
+        record.is_held = values[-1]
+        rows.append(record)
+    return rows
+
+
+@functools.cache
+def _claimable_sql() -> str:
+    return (
+        f"SELECT {select_columns(Record, 'r')}, {HELD_SQL.format(row='r')} AS is_held FROM records_record r "  # noqa: S608 - names from the model
+        "WHERE r.id = ANY(%s) AND r.deletion_requested_at IS NOT NULL AND r.phase <> 'deleted' "
+        "ORDER BY r.id FOR NO KEY UPDATE OF r"
+    )
+
+
+def _with_live_children(ids: list[Any]) -> set[Any]:
+    """Which of the records ``ids`` have a child that is not deleted (read after their locks)."""
+    if not ids:
+        return set()
+    if not is_postgresql():
+        return set(
+            Record.objects.filter(parent_id__in=ids).exclude(phase=Phase.DELETED).values_list("parent_id", flat=True)
+        )
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT parent_id FROM records_record WHERE parent_id = ANY(%s) AND phase <> 'deleted'",
+            [uuid_array(ids)],
+        )
+        return {pk for (pk,) in cursor.fetchall()}
+
+
 def _finish(claim: list[Record], results: Mapping[Any, BaseException | None], started_at: datetime) -> list[Any]:
     """Mark the batch's deleted records ``deleted`` and its failed ones ``delete_failed``, in the
     caller's transaction. Returns the parents to go on with."""
@@ -363,13 +413,7 @@ def _finish(claim: list[Record], results: Mapping[Any, BaseException | None], st
     # meanwhile is read again (the phase, the attempts): the rest of each row is what the
     # claim read, and loading whole rows again cost a model instance and the JSON columns per
     # record.
-    fresh = {
-        pk: (phase, attempts)
-        for pk, phase, attempts in Record.objects.select_for_update(no_key=True)
-        .filter(pk__in=[r.pk for r in claim])
-        .order_by("pk")
-        .values_list("pk", "phase", "attempts")
-    }
+    fresh = _phases_locked([r.pk for r in claim])
     claim = [r for r in claim if fresh.get(r.pk, ("",))[0] == Phase.DELETING]
     for r in claim:
         r.phase, r.attempts = fresh[r.pk]
@@ -408,6 +452,24 @@ def _finish(claim: list[Record], results: Mapping[Any, BaseException | None], st
     return _ready_parents(parent_ids)
 
 
+def _phases_locked(ids: list[Any]) -> dict[Any, tuple[str, int]]:
+    """The records ``ids``, locked (by primary key): their phase and attempts."""
+    if not is_postgresql():
+        return {
+            pk: (phase, attempts)
+            for pk, phase, attempts in Record.objects.select_for_update(no_key=True)
+            .filter(pk__in=ids)
+            .order_by("pk")
+            .values_list("pk", "phase", "attempts")
+        }
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            "SELECT id, phase, attempts FROM records_record WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",
+            [uuid_array(ids)],
+        )
+        return {pk: (phase, attempts) for pk, phase, attempts in cursor.fetchall()}
+
+
 def _error_or_none(error: BaseException | None) -> str | None:
     return None if error is None else _error_text(error)
 
@@ -417,19 +479,35 @@ def _ready_parents(parent_ids: Iterable[Any], *, resume: bool = False) -> list[A
     one batch to go on with; any more are enqueued (on commit) for other workers. ``resume``:
     also those claimed already (``deleting``) by a task that died."""
     skip = [Phase.DELETED, Phase.DELETE_FAILED] if resume else [Phase.DELETED, Phase.DELETING, Phase.DELETE_FAILED]
-    ready = list(
-        Record.objects.filter(pk__in=list(parent_ids), deletion_requested_at__isnull=False)
-        .exclude(phase__in=skip)
-        .filter(~_live_children())
-        .filter(~_held())
-        .order_by("parent_id", "pk")
-        .values_list("pk", "parent_id")
-    )
+    parent_ids = list(parent_ids)
+    if not parent_ids:
+        ready: list[tuple[Any, Any]] = []
+    elif is_postgresql():  # one prepared statement (as ``_claimable``)
+        with prepared_cursor() as cursor:
+            cursor.execute(_READY_PARENTS, [uuid_array(parent_ids), skip])
+            ready = cursor.fetchall()
+    else:
+        ready = list(
+            Record.objects.filter(pk__in=parent_ids, deletion_requested_at__isnull=False)
+            .exclude(phase__in=skip)
+            .filter(~_live_children())
+            .filter(~_held())
+            .order_by("parent_id", "pk")
+            .values_list("pk", "parent_id")
+        )
     size = max(1, settings.GRAPHENE_DELETE_BATCH)
     _enqueue_deletions_on_commit(ready[size:])
     # This task goes on with them: ``_claim``, in the same transaction, makes them held by its
     # worker (taken over should that worker be lost).
     return [pk for pk, _parent in ready[:size]]
+
+
+_READY_PARENTS = f"""
+SELECT r.id, r.parent_id FROM records_record r
+WHERE r.id = ANY(%s) AND r.deletion_requested_at IS NOT NULL AND r.phase <> ALL(%s)
+  AND NOT EXISTS (SELECT 1 FROM records_record c WHERE c.parent_id = r.id AND c.phase <> 'deleted')
+  AND NOT {HELD_SQL.format(row="r")}
+ORDER BY r.parent_id, r.id"""  # noqa: S608 - no input in the text
 
 
 def _delete_later(records: Sequence[Record], results: Mapping[Any, BaseException | None], now: datetime) -> None:

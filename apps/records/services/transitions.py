@@ -115,7 +115,22 @@ def _lock_tree(tree_id: int) -> None:
 
 def _lock_rows(ids: Iterable[Any]) -> None:
     """Lock rows in a consistent order (by primary key) so concurrent batches cannot deadlock."""
-    list(Record.objects.select_for_update(no_key=True).filter(pk__in=list(ids)).order_by("pk").values_list("pk"))
+    ids = list(ids)
+    if not ids:
+        return
+    if is_postgresql():  # every deletion batch: one prepared statement, the ids as one array
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM records_record WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE", [uuid_array(ids)]
+            )
+            cursor.fetchall()
+        return
+    list(Record.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk").values_list("pk"))
+
+
+def uuid_array(ids: Iterable[Any]) -> list[uuid.UUID]:
+    """Record ids (UUIDs or their text) as one ``uuid[]`` parameter."""
+    return [pk if isinstance(pk, uuid.UUID) else uuid.UUID(str(pk)) for pk in ids]
 
 
 def _transition(
@@ -397,6 +412,16 @@ def _held() -> Exists:
             deletion_requested_at__lte=OuterRef("deletion_requested_at"),
         )
     )
+
+
+# ``_held()`` in SQL, for the raw statements of a deletion batch (delete.py): a protected
+# record at or above the row ``{row}`` whose deletion was requested no later than the row's.
+# The two must say the same (tests/records/test_protect.py holds both to it).
+HELD_SQL = """EXISTS (
+    SELECT 1 FROM records_record h
+    WHERE h.protected AND h.tree_id = {row}.tree_id AND h.lft <= {row}.lft AND h.rght >= {row}.rght
+      AND h.deletion_requested_at IS NOT NULL AND h.deletion_requested_at <= {row}.deletion_requested_at
+)"""
 
 
 def _blocked() -> Exists:
