@@ -30,7 +30,7 @@ import hashlib
 import json
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -322,6 +322,12 @@ def insert_select(model: type[Model], found: JsonRows) -> str:
         f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({columns}) "  # noqa: S608 - names from the model
         f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS x({found.recordset})"
     )
+
+
+def uuid_array(ids: Iterable[Any]) -> list[uuid.UUID]:
+    """Ids (UUIDs or their text) as one ``uuid[]`` parameter (``= ANY(%s)``): one value for the
+    whole list, where ``IN`` took a parameter per id, each quoted in Python."""
+    return [pk if isinstance(pk, uuid.UUID) else uuid.UUID(str(pk)) for pk in ids]
 
 
 def select_columns(model: type[Model], alias: str, *, prefix: str = "") -> str:

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from apps.agents.models import AgentCommand
 from apps.core import domain, workers
+from apps.core.db import is_postgresql, prepared_cursor, uuid_array
 from apps.core.errors import Conflict, GrapheneError
 from apps.observability import metrics
 from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
@@ -137,7 +138,7 @@ def run_suspend(
 
 def runs_wake(*, targets: Iterable[Any]) -> int:
     """Records or child runs settled: re-queue the suspended runs waiting for any of them."""
-    run_ids = set(RunWait.objects.filter(target__in=list(targets)).values_list("run_id", flat=True))
+    run_ids = _waiting_on(list(targets))
     woken = 0
     for run_id in sorted(run_ids):
         with transaction.atomic():
@@ -149,6 +150,18 @@ def runs_wake(*, targets: Iterable[Any]) -> int:
             run_enqueue_on_commit(run.pk)
             woken += 1
     return woken
+
+
+def _waiting_on(targets: list[Any]) -> set[Any]:
+    """The runs waiting for any of ``targets``. On PostgreSQL one prepared statement, the ids as
+    one array: every deletion batch and settled convergence asks, almost always finding none."""
+    if not targets:
+        return set()
+    if not is_postgresql():
+        return set(RunWait.objects.filter(target__in=targets).values_list("run_id", flat=True))
+    with prepared_cursor() as cursor:
+        cursor.execute("SELECT DISTINCT run_id FROM pipelines_runwait WHERE target = ANY(%s)", [uuid_array(targets)])
+        return {run_id for (run_id,) in cursor.fetchall()}
 
 
 def runs_wake_on_records(event: domain.RecordsSettled) -> None:

@@ -26,6 +26,7 @@ from apps.core.db import (
     models_from_row,
     prepared_cursor,
     select_columns,
+    uuid_array,
 )
 from apps.core.models import AuditEntry
 from apps.records.choices import EventType, Phase
@@ -53,7 +54,6 @@ from apps.records.services.transitions import (
     backoff_seconds,
     operation_lock,
     operation_resumed_tell,
-    uuid_array,
 )
 from kinds import NotYet, get_kind
 

@@ -19,7 +19,7 @@ from django.db.models import Exists, Field, OuterRef
 from django.utils import timezone
 
 from apps.core import audit, domain
-from apps.core.db import advisory_lock, is_postgresql, lock_key, prepared_cursor
+from apps.core.db import advisory_lock, is_postgresql, lock_key, prepared_cursor, uuid_array
 from apps.core.errors import Conflict, GrapheneError
 from apps.core.events import publish_many_on_commit
 from apps.core.models import AuditEntry
@@ -126,11 +126,6 @@ def _lock_rows(ids: Iterable[Any]) -> None:
             cursor.fetchall()
         return
     list(Record.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk").values_list("pk"))
-
-
-def uuid_array(ids: Iterable[Any]) -> list[uuid.UUID]:
-    """Record ids (UUIDs or their text) as one ``uuid[]`` parameter."""
-    return [pk if isinstance(pk, uuid.UUID) else uuid.UUID(str(pk)) for pk in ids]
 
 
 def _transition(
