@@ -133,6 +133,13 @@ class Record(MPTTModel, TimeStampedModel):
             # Deletion asks whether a protected record holds a row (one at or above it in its
             # tree): only the few protected records are in this index.
             models.Index(fields=["tree_id"], name="record_protected_in_tree", condition=Q(protected=True)),
+            # A declaration asks whether its owner has a child of that kind and name still being
+            # deleted (record_unique_live_child answers for the others): the few such are here.
+            models.Index(
+                fields=["parent", "kind", "name"],
+                name="record_child_deleting",
+                condition=~Q(phase=Phase.DELETED) & Q(deletion_requested_at__isnull=False),
+            ),
         ]
         constraints = [
             # One live record per (owner, kind, name): a re-declaration adopts the existing one.

@@ -100,6 +100,26 @@ def test_redeclare_same_spec_returns_existing_and_new_spec_bumps_generation(
     assert ("ready", "updating") in phase_events(changed)
 
 
+def test_a_sibling_still_being_deleted_keeps_its_name_until_it_is_gone(
+    eager: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=True):
+        first = factories.sleep(owner, "db", value=1)
+    with django_capture_on_commit_callbacks(execute=False):  # its deletion asked, not carried out
+        services.record_delete_request(record=first)
+    assert factories.sleep(owner, "db", value=1).pk == first.pk  # the same declaration: that record
+    with pytest.raises(Conflict, match="is being deleted"):
+        factories.sleep(owner, "db", value=2)
+    assert Record.objects.filter(parent=owner, name="db").count() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        services.record_delete_request(record=Record.objects.get(pk=first.pk))  # now carried out
+    assert Record.objects.get(pk=first.pk).phase == Phase.DELETED
+    with django_capture_on_commit_callbacks(execute=True):
+        second = factories.sleep(owner, "db", value=2)
+    assert second.pk != first.pk
+
+
 def test_create_retries_with_backoff_then_fails_permanently(
     eager: None, django_capture_on_commit_callbacks: Any, settings: Any
 ) -> None:

@@ -294,6 +294,11 @@ def _declare_in_tree(
     return record
 
 
+# A live sibling of the same kind and name (being deleted or not) makes it a re-declaration:
+# asked as two lookups, each matching the predicate of one partial index (record_unique_live_child,
+# record_child_deleting); one condition for both matched neither, and the planner read every
+# child of the owner.
+#
 # The new record's place: the owner's last child. Nested sets are dense (a subtree of n
 # records spans 2n numbers), so the owner and its ancestors (``up``, found by ``parent_id``)
 # grow by two at their right end, and the records to the right of the owner move by two.
@@ -317,6 +322,11 @@ WITH RECURSIVE up AS (
       AND NOT EXISTS (
           SELECT 1 FROM records_record c
           WHERE c.parent_id = o.id AND c.kind = %(kind)s AND c.name = %(name)s AND c.phase <> 'deleted'
+            AND c.deletion_requested_at IS NULL
+      ) AND NOT EXISTS (
+          SELECT 1 FROM records_record c
+          WHERE c.parent_id = o.id AND c.kind = %(kind)s AND c.name = %(name)s AND c.phase <> 'deleted'
+            AND c.deletion_requested_at IS NOT NULL
       )
 ), grow AS (
     UPDATE records_record r SET rght = r.rght + 2
