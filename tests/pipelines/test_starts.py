@@ -146,3 +146,21 @@ def test_a_lease_is_taken_in_one_read_and_one_write_with_what_the_execution_need
     assert services.run_lease_acquire(run_id=run.pk) is None  # held: nothing to take
     with pytest.raises(Run.DoesNotExist), transaction.atomic():
         services.run_lock(uuid.uuid4())  # no such run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_runs_end_locks_its_root_with_the_run_and_asks_its_deletion(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """One statement locks and reads the run and its tree's root; the deletion request that
+    follows does not lock the root again."""
+    run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    with django_capture_on_commit_callbacks(execute=False), CaptureQueriesContext(connection) as queries:
+        assert services.run_finish(run=run, status=RunStatus.CANCELLED, reason="Cancelled")
+    statements = [q["sql"] for q in queries.captured_queries]
+    locks = [s for s in statements if "FOR NO KEY UPDATE" in s]
+    assert len(locks) == 1, locks
+    assert locks[0].endswith("FOR NO KEY UPDATE OF r, rec")
+    assert run.record_id is not None
+    assert Record.objects.get(pk=run.record_id).deletion_requested_at is not None
+    assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED

@@ -253,7 +253,9 @@ def run_finish(
     assert status in TERMINAL
     error = error.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL (an exception's message may)
     with transaction.atomic():
-        run = run_lock(run.pk)
+        # Its root record locked with it (the end asks its deletion below), unless a failed run
+        # hands records to the stand first (that locks the two trees in its own order).
+        run = run_lock(run.pk, with_root=not (keep_for and status == RunStatus.FAILED))
         if run.status in TERMINAL or (
             token is not None and (run.lease_token != token or run.status != RunStatus.RUNNING)
         ):
@@ -292,7 +294,10 @@ def run_finish(
         if was_suspended:
             RunWait.objects.filter(run=run).delete()
         if run.record_id is not None:
-            records.root_delete_request(root_id=run.record_id, reason=f"Run{status.title().replace('_', '')}")
+            root = run.record if Run.record.is_cached(run) else None
+            records.root_delete_request(
+                root_id=run.record_id, reason=f"Run{status.title().replace('_', '')}", locked=root
+            )
         for child in _children_not_ended(run):
             run_finish(
                 run=child,

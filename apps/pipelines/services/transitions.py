@@ -24,6 +24,7 @@ from apps.core.events import publish_many_on_commit
 from apps.core.models import AuditEntry
 from apps.pipelines.choices import RUN_TRANSITIONS
 from apps.pipelines.models import Pipeline, Revision, Run, RunEvent
+from apps.records.models import Record
 
 Actor = AbstractBaseUser | AnonymousUser | None
 
@@ -36,25 +37,37 @@ def _actor_id(actor: Actor) -> Any:
     return actor.pk if actor is not None and actor.is_authenticated else None
 
 
-def run_lock(run_id: Any) -> Run:
+def run_lock(run_id: Any, *, with_root: bool = False) -> Run:
     """The run's row, locked (no key update) until the transaction ends, with its pipeline's
     (read, not locked: almost every caller names the pipeline, in events, metrics, turns) and
-    its revision's (what it executes). ``Run.DoesNotExist`` if there is none."""
-    run = run_lock_or_none(run_id)
+    its revision's (what it executes). ``Run.DoesNotExist`` if there is none.
+
+    ``with_root``: its tree's root record too (``run.record``), read and locked (no key update)
+    in the same statement, after the run's row as every run's end takes them; a run without a
+    root comes without one."""
+    run = run_lock_or_none(run_id, with_root=with_root)
     if run is None:
         raise Run.DoesNotExist(f"no run {run_id}")
     return run
 
 
-def run_lock_or_none(run_id: Any) -> Run | None:
+def run_lock_or_none(run_id: Any, *, with_root: bool = False) -> Run | None:
     """``run_lock``, or None when there is no such run."""
     if not is_postgresql():
         query = Run.objects.select_related("pipeline", "revision").select_for_update(no_key=True, of=("self",))
         return query.filter(pk=run_id).first()
     # Raw and prepared: every lease taken and every run's end waits for it (the queryset
     # compiled slower than it ran).
+    pk = Run._meta.pk.get_db_prep_value(run_id, connection)
     with prepared_cursor() as cursor:
-        cursor.execute(_run_lock_sql(), [Run._meta.pk.get_db_prep_value(run_id, connection)])
+        if with_root:
+            cursor.execute(_run_lock_sql(with_root=True), [pk])
+            row = cursor.fetchone()
+            if row is not None:
+                run, pipeline, revision, root = models_from_row((Run, Pipeline, Revision, Record), row)
+                run.pipeline, run.revision, run.record = pipeline, revision, root
+                return run
+        cursor.execute(_run_lock_sql(with_root=False), [pk])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -64,11 +77,20 @@ def run_lock_or_none(run_id: Any) -> Run | None:
 
 
 @functools.cache
-def _run_lock_sql() -> str:
+def _run_lock_sql(*, with_root: bool) -> str:
+    columns = [select_columns(Run, "r"), select_columns(Pipeline, "p"), select_columns(Revision, "v")]
+    joins = [
+        "JOIN pipelines_pipeline p ON p.id = r.pipeline_id",
+        "LEFT JOIN pipelines_revision v ON v.id = r.revision_id",
+    ]
+    locked = "r"
+    if with_root:
+        columns.append(select_columns(Record, "rec"))
+        joins.append("JOIN records_record rec ON rec.id = r.record_id AND rec.parent_id IS NULL")
+        locked = "r, rec"
     return (
-        f"SELECT {select_columns(Run, 'r')}, {select_columns(Pipeline, 'p')}, {select_columns(Revision, 'v')} "  # noqa: S608 - names from the models
-        "FROM pipelines_run r JOIN pipelines_pipeline p ON p.id = r.pipeline_id "
-        "LEFT JOIN pipelines_revision v ON v.id = r.revision_id WHERE r.id = %s FOR NO KEY UPDATE OF r"
+        f"SELECT {', '.join(columns)} FROM pipelines_run r {' '.join(joins)} "  # noqa: S608 - names from the models
+        f"WHERE r.id = %s FOR NO KEY UPDATE OF {locked}"
     )
 
 

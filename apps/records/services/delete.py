@@ -82,12 +82,13 @@ def record_delete_request(
     return record
 
 
-def root_delete_request(*, root_id: Any, reason: str) -> Record | None:
+def root_delete_request(*, root_id: Any, reason: str, locked: Record | None = None) -> Record | None:
     """``record_delete_request`` of the tree root ``root_id`` by the system (a run that ended):
-    None when it is gone already. No savepoint of its own inside the caller's transaction: an
-    error here ends the run's end as a whole."""
+    None when it is gone already. ``locked``: the root as the caller's transaction read and
+    locked it already (``run_lock(with_root=True)``). No savepoint of its own inside the
+    caller's transaction: an error here ends the run's end as a whole."""
     with transaction.atomic(savepoint=False):
-        root = _lock_root(root_id)
+        root = locked if locked is not None and locked.pk == root_id else _lock_root(root_id)
         if root is None or root.phase == Phase.DELETED:
             return root
         _delete_request_locked(root, actor=None, reason=reason, message="")
