@@ -348,10 +348,10 @@ def models_from_row(models: Sequence[type[Model]], row: Sequence[Any]) -> list[A
     found: list[Any] = []
     at = 0
     for model in models:
-        fields, converters = _row_converters(model)
+        fields, converters, pk_at = _row_converters(model)
         values = row[at : at + len(fields)]
         at += len(fields)
-        if values[fields.index(model._meta.pk)] is None:
+        if values[pk_at] is None:
             found.append(None)
             continue
         converted = []
@@ -366,13 +366,15 @@ def models_from_row(models: Sequence[type[Model]], row: Sequence[Any]) -> list[A
 
 
 @functools.cache
-def _row_converters(model: type[Model]) -> tuple[list[Field[Any, Any]], list[list[tuple[Any, Any]]]]:
+def _row_converters(model: type[Model]) -> tuple[list[Field[Any, Any]], list[list[tuple[Any, Any]]], int]:
+    """A model's concrete fields, each one's converters (as a queryset applies them) and where
+    its primary key is among them: the same for every row, computed once per process."""
     fields = list(model._meta.concrete_fields)
     converters = []
     for field in fields:
         col = field.get_col(model._meta.db_table)
         converters.append([(c, col) for c in connection.ops.get_db_converters(col) + col.get_db_converters(connection)])
-    return fields, converters
+    return fields, converters, fields.index(model._meta.pk)
 
 
 _PREPARE_ONLY_WHEN_ASKED = 2**62

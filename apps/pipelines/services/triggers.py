@@ -274,7 +274,7 @@ def upstream_ended(run: Run, firings: list[TriggerFiring] | None = None) -> None
         return
     triggers = Trigger.objects.filter(type=TriggerType.UPSTREAM, upstream=run.pipeline.name, namespace=run.namespace)
     firing_rows = [
-        TriggerFiring(trigger=trigger, key=str(run.pk), cause=_upstream_cause(cause, trigger.name), payload=payload)
+        TriggerFiring(trigger=trigger, key=str(run.pk), cause={**cause, "trigger": trigger.name}, payload=payload)
         for trigger in triggers.select_related("pipeline")
         if run.status in UPSTREAM_OUTCOMES[trigger.spec.get("on", "succeeded")]
     ]
@@ -285,10 +285,6 @@ def upstream_ended(run: Run, firings: list[TriggerFiring] | None = None) -> None
             firing_rows, update_conflicts=True, unique_fields=["trigger", "key"], update_fields=["key"]
         )
         fired.extend(firing_rows)
-
-
-def _upstream_cause(cause: Mapping[str, Any], trigger: str) -> dict[str, Any]:
-    return {"type": cause["type"], "trigger": trigger, **{k: v for k, v in cause.items() if k != "type"}}
 
 
 def _upstream_fire(run: Run, cause: Mapping[str, Any], payload: Mapping[str, Any]) -> list[TriggerFiring]:
