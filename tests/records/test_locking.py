@@ -53,7 +53,8 @@ def test_the_delete_pools_threads_leave_no_database_session_open(
 ) -> None:
     owner = factories.run()
     with django_capture_on_commit_callbacks(execute=True):
-        children = [factories.sleep(owner, f"c{i}") for i in range(8)]
+        # Slow enough for pool threads to join the calling thread (``SPREAD_AFTER``).
+        children = [factories.sleep(owner, f"c{i}", delete_ms=200) for i in range(8)]
     seen: list[tuple[str, int]] = []
     delete = SleepKind.delete
 
@@ -67,8 +68,9 @@ def test_the_delete_pools_threads_leave_no_database_session_open(
 
     assert {Record.objects.get(pk=r.pk).phase for r in [*children, owner]} == {Phase.DELETED}
     assert len(seen) == len(children)
-    assert all(name.startswith("graphene-delete") for name, _ in seen), "the siblings were deleted on the pool"
-    pids = {pid for _, pid in seen}
+    pooled = [(name, pid) for name, pid in seen if name.startswith("graphene-delete")]
+    assert len(pooled) >= len(children) // 2, f"the siblings were deleted on the pool: {seen}"
+    pids = {pid for _, pid in pooled}
     assert _backend_pid() not in pids
     wait_for(lambda: not _sessions(pids), what="the pool threads' database sessions to end")
 

@@ -6,6 +6,8 @@ against real worker processes in test_system.py.
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -264,6 +266,66 @@ def test_a_redelivered_batch_goes_on_up_from_records_already_deleted(
         services.record_delete_batch(record_ids=[str(leaf.pk)])
     assert set(phases(*chain)) == {Phase.DELETED}
     assert Event.objects.filter(record=leaf, type=EventType.PHASE_CHANGED, data__to="deleted").count() == 1
+
+
+def _claimed_siblings(capture: Any, count: int, **spec: Any) -> list[Record]:
+    """``count`` ready siblings under a run whose deletion was requested, claimed (``deleting``)."""
+    owner = factories.run()
+    with capture(execute=False):
+        siblings = [factories.sleep(owner, f"s{i}", **spec) for i in range(count)]
+    for record in siblings:
+        services.record_converge(record_id=record.pk)
+    with capture(execute=False):
+        services.record_delete_request(record=owner)
+        with transaction.atomic():
+            batch = delete._claim([str(r.pk) for r in siblings])
+    assert batch is not None
+    assert len(batch.records) == count
+    return batch.records
+
+
+def _delete_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads the test kind's deletes run on, from now on."""
+    from kinds.testing import SleepKind
+
+    threads: list[str] = []
+    real = SleepKind.delete
+
+    def delete_and_tell(self: SleepKind, record: Record) -> None:
+        threads.append(threading.current_thread().name)
+        real(self, record)
+
+    monkeypatch.setattr(SleepKind, "delete", delete_and_tell)
+    return threads
+
+
+def test_a_batch_of_quick_deletes_stays_on_the_calling_thread(
+    django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = _claimed_siblings(django_capture_on_commit_callbacks, 30)
+    threads = _delete_threads(monkeypatch)
+    # Pool threads join a batch still going after SPREAD_AFTER; a long one keeps a loaded
+    # machine's pauses from looking like slow deletes.
+    monkeypatch.setattr(delete, "SPREAD_AFTER", 30.0)
+    results = delete._run_deletes(records, set())
+    assert results == {r.pk: None for r in records}
+    assert all(objects_of(str(r.pk)) == [] for r in records)
+    assert set(threads) == {threading.current_thread().name}, "no pool thread for deletes that took microseconds"
+
+
+def test_a_batch_of_slow_deletes_runs_them_side_by_side(
+    django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = _claimed_siblings(django_capture_on_commit_callbacks, 6, delete_ms=400)
+    threads = _delete_threads(monkeypatch)
+    started = time.monotonic()
+    results = delete._run_deletes(records, set())
+    elapsed = time.monotonic() - started
+    assert results == {r.pk: None for r in records}
+    assert all(objects_of(str(r.pk)) == [] for r in records)
+    assert len(set(threads)) == 6, threads
+    # One after the other they take 2.4 s; side by side one delete's 0.4 s and the spread's delay.
+    assert elapsed < 1.2, f"six 400 ms deletes took {elapsed:.2f}s"
 
 
 def test_declaring_under_an_owner_being_deleted_is_refused(django_capture_on_commit_callbacks: Any) -> None:

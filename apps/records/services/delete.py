@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -251,13 +251,19 @@ def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[A
     if any(r.pk in wait_for_create for r in records):
         # The operation lock uses this thread's database connection: stay on this thread.
         return {r.pk: one(r) for r in records}
-    # Each pool thread takes the next record until none is left: a slow delete holds up no
-    # other, as with a task per record, without a future and a hand-over per record. A kind's
-    # delete may use the database (logs, lookups): on a pool thread that opens the thread's own
-    # connection, which nothing else would ever close.
+    # Each thread takes the next record until none is left: a slow delete holds up no other,
+    # as with a task per record, without a future and a hand-over per record. This thread
+    # starts alone; pool threads join only if the batch is still going ``SPREAD_AFTER`` later.
+    # Deletes that take microseconds (a file) are then done by one thread: sixteen threads
+    # taking turns at the interpreter's lock cost a worker more CPU than the deletes did
+    # (bench/cascade_delete.py); deletes that wait on a remote API are spread over the pool
+    # after a delay that is small beside one of them. A kind's delete may use the database
+    # (logs, lookups): on a pool thread that opens the thread's own connection, which nothing
+    # else would ever close.
     pending = iter(records)
     take = threading.Lock()
     results: dict[Any, BaseException | None] = {}
+    finished = threading.Event()
 
     def drain() -> None:
         while True:
@@ -267,22 +273,42 @@ def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[A
                 return
             results[record.pk] = one(record)
 
-    for future in [_executor().submit(closes_connections(drain)) for _ in range(min(DELETE_THREADS, len(records)))]:
-        future.result()
+    helpers: list[Future[None]] = []
+
+    def spread() -> None:
+        if finished.wait(SPREAD_AFTER):
+            return
+        # Never waits on the threads it adds (the calling thread does): a pool thread waiting
+        # on other pool threads could wait for ever behind other batches' work.
+        helpers.extend(_executor().submit(closes_connections(drain)) for _ in range(width - 2))
+        drain()
+
+    width = min(DELETE_THREADS, len(records))
+    spreader = _executor().submit(closes_connections(spread))
+    try:
+        drain()
+    finally:
+        finished.set()
+        spreader.result()  # after it, ``helpers`` holds every thread it added
+        for helper in helpers:
+            helper.result()
     return {r.pk: results[r.pk] for r in records}
 
 
 _pool: ThreadPoolExecutor | None = None
 
-# Deletes of one batch at once, per process; at most as many database sessions, each closed
-# when its delete ends.
+# Deletes of one batch at once, per process (the calling thread and pool threads); at most as
+# many database sessions, each closed when its delete ends.
 DELETE_THREADS = 16
+
+# Seconds a batch's deletes run on the calling thread alone before pool threads join them.
+SPREAD_AFTER = 0.01
 
 
 def _executor() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=DELETE_THREADS, thread_name_prefix="graphene-delete")
+        _pool = ThreadPoolExecutor(max_workers=DELETE_THREADS - 1, thread_name_prefix="graphene-delete")
     return _pool
 
 
@@ -373,17 +399,26 @@ def _claimable(record_ids: list[Any]) -> list[Record]:
     rows = []
     for values in found:
         (record,) = models_from_row((Record,), values[:-1])
+        if record.deletion_requested_at is None:  # see _claimable_sql
+            continue
         record.is_held = values[-1]
         rows.append(record)
     return rows
+
+
+# Statements that look records up by id say ``phase <> 'deleted'`` in WHERE but check
+# ``deletion_requested_at`` on the rows found: the two together are record_child_deleting's
+# predicate, and the planner then scanned that whole index instead of the primary key. Its
+# statistics predate the last big deletion request (the index was empty at the last ANALYZE;
+# a request puts a whole subtree in it), so it took the index for empty: the claim of a
+# hundred records read eleven thousand index entries (bench/cascade_delete.py).
 
 
 @functools.cache
 def _claimable_sql() -> str:
     return (
         f"SELECT {select_columns(Record, 'r')}, {HELD_SQL.format(row='r')} AS is_held FROM records_record r "  # noqa: S608 - names from the model
-        "WHERE r.id = ANY(%s) AND r.deletion_requested_at IS NOT NULL AND r.phase <> 'deleted' "
-        "ORDER BY r.id FOR NO KEY UPDATE OF r"
+        "WHERE r.id = ANY(%s) AND r.phase <> 'deleted' ORDER BY r.id FOR NO KEY UPDATE OF r"
     )
 
 
@@ -486,7 +521,7 @@ def _ready_parents(parent_ids: Iterable[Any], *, resume: bool = False) -> list[A
     elif is_postgresql():  # one prepared statement (as ``_claimable``)
         with prepared_cursor() as cursor:
             cursor.execute(_READY_PARENTS, [uuid_array(parent_ids), skip])
-            ready = cursor.fetchall()
+            ready = [(pk, parent) for pk, parent, requested in cursor.fetchall() if requested]
     else:
         ready = list(
             Record.objects.filter(pk__in=parent_ids, deletion_requested_at__isnull=False)
@@ -504,8 +539,8 @@ def _ready_parents(parent_ids: Iterable[Any], *, resume: bool = False) -> list[A
 
 
 _READY_PARENTS = f"""
-SELECT r.id, r.parent_id FROM records_record r
-WHERE r.id = ANY(%s) AND r.deletion_requested_at IS NOT NULL AND r.phase <> ALL(%s)
+SELECT r.id, r.parent_id, r.deletion_requested_at IS NOT NULL FROM records_record r
+WHERE r.id = ANY(%s) AND r.phase <> ALL(%s)
   AND NOT EXISTS (SELECT 1 FROM records_record c WHERE c.parent_id = r.id AND c.phase <> 'deleted')
   AND NOT {HELD_SQL.format(row="r")}
 ORDER BY r.parent_id, r.id"""  # noqa: S608 - no input in the text
