@@ -208,18 +208,36 @@ def check_tree(tree_id: int) -> None:
             [tree_id],
         )
         bad = cursor.fetchone()[0]
-        # Nested sets: the lft and rght values of n nodes are exactly 1..2n, each used once.
+        # Siblings apart, and a record's free numbers (tree_slack) after its last child.
         cursor.execute(
             """
-            SELECT count(*) / 2, min(v), max(v), count(DISTINCT v)
+            SELECT count(*) FROM records_record a JOIN records_record b
+              ON b.parent_id = a.parent_id AND b.id <> a.id AND a.lft < b.lft AND b.lft < a.rght
+            WHERE a.tree_id = %s
+            """,
+            [tree_id],
+        )
+        bad += cursor.fetchone()[0]
+        cursor.execute(
+            """
+            SELECT count(*) FROM records_record c JOIN records_record p ON p.id = c.parent_id
+            WHERE c.tree_id = %s AND c.rght >= p.rght - p.tree_slack
+            """,
+            [tree_id],
+        )
+        bad += cursor.fetchone()[0]
+        # No number used twice, the root first (free numbers make them not exactly 1..2n).
+        cursor.execute(
+            """
+            SELECT count(*) / 2, min(v), count(DISTINCT v)
             FROM (SELECT lft AS v FROM records_record WHERE tree_id = %s
                   UNION ALL SELECT rght FROM records_record WHERE tree_id = %s) AS bounds
             """,
             [tree_id, tree_id],
         )
-        n, lo, hi, distinct = cursor.fetchone()
-    if bad or lo != 1 or hi != 2 * n or distinct != 2 * n:
-        raise AssertionError(f"tree {tree_id} has inconsistent mptt columns: {bad} bad edges, {n=} {lo=} {hi=}")
+        n, lo, distinct = cursor.fetchone()
+    if bad or lo != 1 or distinct != 2 * n:
+        raise AssertionError(f"tree {tree_id} has inconsistent mptt columns: {bad} bad edges, {n=} {lo=} {distinct=}")
 
 
 def main() -> None:

@@ -327,8 +327,23 @@ def stand_holdings_all(*, user: User, expiring_before: datetime | None = None) -
 
 
 def stand_holdings(*, user: User, stand: Record) -> list[Record]:
-    """What the stand holds directly (each the top of a subtree a run handed over), oldest first."""
-    return list(record_visible(user=user).filter(parent=stand).exclude(phase=Phase.DELETED).order_by("created_at"))
+    """What the stand holds directly (each the top of a subtree a run handed over), oldest first,
+    each with ``subtree_records``: the rows of its subtree, itself included, counted in the same
+    query (a record's bounds may hold free numbers: they do not give the count)."""
+    subtree = (
+        Record.objects.filter(tree_id=OuterRef("tree_id"), lft__gte=OuterRef("lft"), rght__lte=OuterRef("rght"))
+        .order_by()
+        .values("tree_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return list(
+        record_visible(user=user)
+        .filter(parent=stand)
+        .exclude(phase=Phase.DELETED)
+        .annotate(subtree_records=Subquery(subtree))
+        .order_by("created_at")
+    )
 
 
 def _run_status(run: Run) -> tuple[str, str]:

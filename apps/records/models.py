@@ -93,12 +93,29 @@ class Record(MPTTModel, TimeStampedModel):
     protected = models.BooleanField(default=False)
     protected_by = models.CharField(max_length=200, blank=True)
     protected_at = models.DateTimeField(null=True, blank=True)
+    # Free numbers at the right end of the record's bounds (``rght - tree_slack`` up to ``rght
+    # - 1``, after its last child): room for children declared later without moving any other
+    # record. A declaration into a full owner grows it by its own width (at least 64), so an
+    # owner of n children moves the records to its right about log2(n) times, not n times
+    # (services/declare.py). Relative to ``rght``, so mptt's moves and gap closing, which shift
+    # a record's bounds with the numbers before them, leave it true; only mptt's insert as an
+    # owner's last child lands after the free numbers, and resets it (services/ownership.py).
+    # Nested sets with free numbers are not dense: ``get_descendant_count`` counts rows.
+    tree_slack = models.PositiveIntegerField(default=0, db_default=0)
     # Not indexed alone: ``record_created`` (created_at, id) answers every query by creation
     # time, and each index is one more entry written by every insert and by every update that
     # is not HOT: a deletion updates each record three times (bench/cascade_delete.py).
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = RecordManager()
+
+    def get_descendant_count(self) -> int:
+        """The records this one owns, directly or below (mptt's ``(rght - lft - 1) // 2`` holds
+        only for dense bounds; see ``tree_slack``)."""
+        return int(Record.objects.filter(tree_id=self.tree_id, lft__gt=self.lft, rght__lt=self.rght).count())
+
+    def is_leaf_node(self) -> bool:
+        return not Record.objects.filter(parent_id=self.pk).exists()
 
     class MPTTMeta:
         order_insertion_by: list[str] = []

@@ -6,6 +6,7 @@ against real worker processes in test_system.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -42,16 +43,26 @@ def phase_events(record: Record) -> list[tuple[str, str]]:
 
 
 def check_tree(tree_id: int) -> None:
-    """mptt columns are consistent: every node inside its parent, no overlaps."""
+    """mptt columns are consistent: each record inside its owner, siblings apart, no number
+    used twice, and a record's free numbers (``tree_slack``) after its last child."""
     nodes = list(Record.objects.filter(tree_id=tree_id).order_by("lft"))
     by_id = {n.pk: n for n in nodes}
-    bounds = sorted([n.lft for n in nodes] + [n.rght for n in nodes])
-    assert bounds == list(range(1, 2 * len(nodes) + 1)), "lft/rght must be a permutation of 1..2n"
+    bounds = [n.lft for n in nodes] + [n.rght for n in nodes]
+    assert len(set(bounds)) == len(bounds), "no number is used twice"
+    assert min(bounds) == 1
+    children: dict[Any, list[Record]] = {n.pk: [] for n in nodes}
     for node in nodes:
+        assert 0 <= node.tree_slack <= node.rght - node.lft - 1, node
         if node.parent_id is not None:
             parent = by_id[node.parent_id]
             assert parent.lft < node.lft < node.rght < parent.rght
             assert node.level == parent.level + 1
+            children[parent.pk].append(node)
+    for node in nodes:
+        for left, right in itertools.pairwise(children[node.pk]):  # in lft order
+            assert left.rght < right.lft, f"{left} and {right} overlap"
+        if children[node.pk]:
+            assert children[node.pk][-1].rght < node.rght - node.tree_slack, f"{node}'s free numbers are not free"
 
 
 def test_declaration_commits_pending_before_convergence_is_enqueued(django_capture_on_commit_callbacks: Any) -> None:
@@ -538,6 +549,10 @@ def test_nested_declarations_transfers_deletes_and_purges_keep_the_tree_valid(
     check_tree(stand.tree_id)
     declare(Record.objects.get(pk=branches[1].pk), "after-transfer")  # owner now in the stand's tree
     check_tree(stand.tree_id)
+    # The subtree landed after the stand's free numbers: a new holding must not land on it.
+    declare(Record.objects.get(pk=stand.pk), "after-transfer-too")
+    check_tree(stand.tree_id)
+    assert Record.objects.get(pk=stand.pk).get_descendant_count() == 10  # mine, b1 and its 6, and the two after
     with django_capture_on_commit_callbacks(execute=True):
         services.record_delete_request(record=Record.objects.get(pk=branches[0].pk))
     later = timezone.now() + settings.GRAPHENE_TOMBSTONE_RETENTION + timedelta(minutes=1)
@@ -548,6 +563,26 @@ def test_nested_declarations_transfers_deletes_and_purges_keep_the_tree_valid(
     check_tree(run.tree_id)
     names = {r.name for r in Record.objects.get(pk=run.pk).get_descendants()}
     assert names == {"b2", "c0", "c1", "c2", "leaf", "after-purge", "last"}
+
+
+def test_an_owner_declared_into_again_and_again_moves_the_rest_of_its_tree_a_few_times(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Free numbers: an owner that runs out grows by its own width, so the records to its right
+    move about log2(children) times, not once per child; the tree stays exact throughout."""
+    run = factories.run()
+    with django_capture_on_commit_callbacks(execute=False):
+        left, middle, right = (factories.sleep(run, name) for name in ("left", "middle", "right"))
+        positions = [Record.objects.get(pk=right.pk).lft]
+        for i in range(60):  # round-robin into the two owners left of the right edge
+            factories.sleep(left if i % 2 else middle, f"c{i}")
+            positions.append(Record.objects.get(pk=right.pk).lft)
+    check_tree(run.tree_id)
+    moves = sum(1 for before, after in itertools.pairwise(positions) if before != after)
+    assert 1 <= moves <= 6, f"the record right of them moved {moves} times in 60 declarations"
+    assert [Record.objects.get(pk=r.pk).get_descendant_count() for r in (left, middle, right)] == [30, 30, 0]
+    assert Record.objects.get(pk=right.pk).is_leaf_node()
+    assert not Record.objects.get(pk=left.pk).is_leaf_node()
 
 
 def test_a_declaration_is_two_statements_flat_or_nested(django_capture_on_commit_callbacks: Any) -> None:

@@ -51,7 +51,8 @@ class StandHoldingOutput(RecordOutput):
         read_only_fields = fields
 
     def get_subtree_records(self, obj: Record) -> int:
-        return int(obj.get_descendant_count()) + 1
+        counted = getattr(obj, "subtree_records", None)  # selectors.stand_holdings
+        return int(counted) if counted is not None else obj.get_descendant_count() + 1
 
 
 StandDetail = inline_serializer(

@@ -299,22 +299,26 @@ def _declare_in_tree(
 # record_child_deleting); one condition for both matched neither, and the planner read every
 # child of the owner.
 #
-# The new record's place: the owner's last child. Nested sets are dense (a subtree of n
-# records spans 2n numbers), so the owner and its ancestors (``up``, found by ``parent_id``)
-# grow by two at their right end, and the records to the right of the owner move by two.
-# There are none when the owner is on the tree's right edge (the root closes right after it:
-# root.rght - owner.rght = owner.level), as for a run's own records and the branch declared
-# into last; then only the owner and its ancestors are written, by primary key (``= ANY``:
-# the planner cannot count a recursive query's rows and would scan the table for an ``IN``).
+# The new record's place: the owner's last child, at the start of the owner's free numbers
+# (``tree_slack``, at the right end of its bounds), which shrink by two; nothing else is
+# written. An owner without two free numbers grows first, by its own width and at least 64
+# (room for 32 children without growing again): it and its ancestors (``up``, found by ``parent_id``) end that much further right, and the
+# records to the right of the owner move as far. So an owner of n children moves the rest of
+# the tree about log2(n) times, not n times. There is nothing to the right of the owner when
+# each of its ancestors ends right after it (root.rght - owner.rght = owner.level), as for a
+# run's own records; then the move is not even looked for. The ancestors are written by
+# primary key (``= ANY``: the planner cannot count a recursive query's rows and would scan the
+# table for an ``IN``).
 _INSERT_CHILD = """
 WITH RECURSIVE up AS (
-    SELECT id, parent_id, tree_id, lft, rght, level, phase, deletion_requested_at
+    SELECT id, parent_id, tree_id, lft, rght, level, tree_slack, phase, deletion_requested_at
     FROM records_record WHERE id = %(owner)s
     UNION ALL
-    SELECT r.id, r.parent_id, r.tree_id, r.lft, r.rght, r.level, r.phase, r.deletion_requested_at
+    SELECT r.id, r.parent_id, r.tree_id, r.lft, r.rght, r.level, r.tree_slack, r.phase, r.deletion_requested_at
     FROM records_record r JOIN up ON r.id = up.parent_id
 ), o AS (
-    SELECT up.*, (SELECT root.rght FROM up root WHERE root.parent_id IS NULL) - up.rght = up.level AS on_edge
+    SELECT up.*, (SELECT root.rght FROM up root WHERE root.parent_id IS NULL) - up.rght = up.level AS on_edge,
+           CASE WHEN up.tree_slack >= 2 THEN 0 ELSE GREATEST(up.rght - up.lft + 1, 64) END AS grow_by
     FROM up WHERE up.id = %(owner)s
 ), ok AS (
     SELECT o.* FROM o
@@ -328,16 +332,19 @@ WITH RECURSIVE up AS (
           WHERE c.parent_id = o.id AND c.kind = %(kind)s AND c.name = %(name)s AND c.phase <> 'deleted'
             AND c.deletion_requested_at IS NOT NULL
       )
+), owner_row AS (
+    UPDATE records_record r SET rght = r.rght + ok.grow_by, tree_slack = r.tree_slack + ok.grow_by - 2
+    FROM ok WHERE r.id = ok.id
 ), grow AS (
-    UPDATE records_record r SET rght = r.rght + 2
-    WHERE r.id = ANY(ARRAY(SELECT id FROM up)) AND EXISTS (SELECT 1 FROM ok)
+    UPDATE records_record r SET rght = r.rght + ok.grow_by
+    FROM ok WHERE ok.grow_by > 0 AND r.id = ANY(ARRAY(SELECT id FROM up WHERE id <> %(owner)s))
 ), shift AS (
-    UPDATE records_record r SET lft = r.lft + 2, rght = r.rght + 2
+    UPDATE records_record r SET lft = r.lft + ok.grow_by, rght = r.rght + ok.grow_by
     FROM ok
-    WHERE NOT ok.on_edge AND r.tree_id = ok.tree_id AND r.lft > ok.rght
+    WHERE ok.grow_by > 0 AND NOT ok.on_edge AND r.tree_id = ok.tree_id AND r.lft > ok.rght
 ), ins AS (
     INSERT INTO records_record ({record_columns}, lft, rght, tree_id, level)
-    SELECT {record_select}, ok.rght, ok.rght + 1, ok.tree_id, ok.level + 1
+    SELECT {record_select}, ok.rght - ok.tree_slack, ok.rght - ok.tree_slack + 1, ok.tree_id, ok.level + 1
     FROM ok, jsonb_to_recordset(%(record)s::jsonb) AS x({record_recordset})
     RETURNING lft, rght, tree_id, level
 ), ev AS (

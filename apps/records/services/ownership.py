@@ -181,6 +181,9 @@ def record_transfer(
         size = record.get_descendant_count() + 1
         before = _audited(record)
         Record.objects.move_node(record, new_owner, position="last-child")
+        # mptt placed the subtree at the new owner's old right end, after its free numbers,
+        # which are no longer at its right end: it has none now (Record.tree_slack).
+        Record.objects.filter(pk=new_owner.pk).update(tree_slack=0)
         now = timezone.now()
         fields: dict[str, Any] = {"updated_at": now}
         if expires_at is not None:
