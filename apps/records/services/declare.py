@@ -302,9 +302,10 @@ def _declare_in_tree(
 # The new record's place: the owner's last child, at the start of the owner's free numbers
 # (``tree_slack``, at the right end of its bounds), which shrink by two; nothing else is
 # written. An owner without two free numbers grows first, by its own width and at least 64
-# (room for 32 children without growing again): it and its ancestors (``up``, found by ``parent_id``) end that much further right, and the
-# records to the right of the owner move as far. So an owner of n children moves the rest of
-# the tree about log2(n) times, not n times. There is nothing to the right of the owner when
+# (room for 32 children without growing again): it and its ancestors (``up``, found by
+# ``parent_id``) end that much further right, and the records to the right of the owner move
+# as far. So an owner of n children moves the rest of the tree about log2(n) times, not n
+# times. There is nothing to the right of the owner when
 # each of its ancestors ends right after it (root.rght - owner.rght = owner.level), as for a
 # run's own records; then the move is not even looked for. The ancestors are written by
 # primary key (``= ANY``: the planner cannot count a recursive query's rows and would scan the
