@@ -313,13 +313,14 @@ def stand_holding(*, user: User, pipeline: str, record_id: Any, namespace: str |
 
 def stand_holdings_all(*, user: User, expiring_before: datetime | None = None) -> QuerySet[Record]:
     """What every stand holds directly, by stand then expiry; with its stand, the root record of
-    the run that declared it (``created_by_run``) and that run's id (``from_run``), in one query."""
+    the run that declared it (``created_by_run``), that run's id (``from_run``) and the size of
+    its subtree (``subtree_records``), in one query."""
     qs = (
         record_visible(user=user)
         .filter(parent__kind="graphene.stand", parent__parent__isnull=True)
         .exclude(phase=Phase.DELETED)
         .select_related("parent", "created_by_run")
-        .annotate(from_run=run_of_root(OuterRef("created_by_run_id")))
+        .annotate(from_run=run_of_root(OuterRef("created_by_run_id")), subtree_records=_subtree_records())
     )
     if expiring_before is not None:
         qs = qs.filter(expires_at__lte=expiring_before, deletion_requested_at__isnull=True)
@@ -328,21 +329,25 @@ def stand_holdings_all(*, user: User, expiring_before: datetime | None = None) -
 
 def stand_holdings(*, user: User, stand: Record) -> list[Record]:
     """What the stand holds directly (each the top of a subtree a run handed over), oldest first,
-    each with ``subtree_records``: the rows of its subtree, itself included, counted in the same
-    query (a record's bounds may hold free numbers: they do not give the count)."""
-    subtree = (
+    each with ``subtree_records``."""
+    return list(
+        record_visible(user=user)
+        .filter(parent=stand)
+        .exclude(phase=Phase.DELETED)
+        .annotate(subtree_records=_subtree_records())
+        .order_by("created_at")
+    )
+
+
+def _subtree_records() -> Subquery:
+    """The rows of the record's subtree, itself included, counted in the query that lists it (a
+    record's bounds may hold free numbers, ``Record.tree_slack``: they do not give the count)."""
+    return Subquery(
         Record.objects.filter(tree_id=OuterRef("tree_id"), lft__gte=OuterRef("lft"), rght__lte=OuterRef("rght"))
         .order_by()
         .values("tree_id")
         .annotate(n=Count("pk"))
         .values("n")
-    )
-    return list(
-        record_visible(user=user)
-        .filter(parent=stand)
-        .exclude(phase=Phase.DELETED)
-        .annotate(subtree_records=Subquery(subtree))
-        .order_by("created_at")
     )
 
 

@@ -100,7 +100,7 @@ class Record(MPTTModel, TimeStampedModel):
     # (services/declare.py). Relative to ``rght``, so mptt's moves and gap closing, which shift
     # a record's bounds with the numbers before them, leave it true; only mptt's insert as an
     # owner's last child lands after the free numbers, and resets it (services/ownership.py).
-    # Nested sets with free numbers are not dense: ``get_descendant_count`` counts rows.
+    # Nested sets with free numbers are not dense: see ``descendants_counted``.
     tree_slack = models.PositiveIntegerField(default=0, db_default=0)
     # Not indexed alone: ``record_created`` (created_at, id) answers every query by creation
     # time, and each index is one more entry written by every insert and by every update that
@@ -109,12 +109,18 @@ class Record(MPTTModel, TimeStampedModel):
 
     objects = RecordManager()
 
-    def get_descendant_count(self) -> int:
-        """The records this one owns, directly or below (mptt's ``(rght - lft - 1) // 2`` holds
-        only for dense bounds; see ``tree_slack``)."""
+    # mptt's ``get_descendant_count`` is ``(rght - lft - 1) // 2``: with free numbers in the
+    # bounds (``tree_slack``) that is half the record's width, not its count, and mptt itself
+    # uses it as the width when it moves a subtree, so it stays as it is; ``descendants_counted``
+    # counts. ``is_leaf_node`` is exact: bounds that hold only free numbers own nothing.
+
+    def descendants_counted(self) -> int:
+        """The records this one owns, directly or below (deleted ones not yet purged included)."""
         return int(Record.objects.filter(tree_id=self.tree_id, lft__gt=self.lft, rght__lt=self.rght).count())
 
     def is_leaf_node(self) -> bool:
+        if self.rght - self.lft == 1:
+            return True
         return not Record.objects.filter(parent_id=self.pk).exists()
 
     class MPTTMeta:

@@ -163,6 +163,17 @@ def test_detail_tree_and_events(api: APIClient) -> None:
     assert tree["children"][0]["children"][0]["truncated"] is True
     assert api.get(f"/api/v1/records/{run.pk}/tree/?depth=99").status_code == 400
 
+    # A record whose bounds hold only free numbers (its one child given away) owns nothing.
+    emptied = factories.sleep(run, "emptied")
+    given = factories.sleep(emptied, "given")
+    services.record_transfer(record=given, new_owner=factories.stand("keep"), given_by=emptied)
+    fresh = Record.objects.get(pk=emptied.pk)
+    assert fresh.rght - fresh.lft > 1, "free numbers are left in its bounds"
+    edge = {n["name"]: n for n in api.get(f"/api/v1/records/{run.pk}/tree/?depth=1").json()["children"]}
+    assert edge["emptied"]["truncated"] is False
+    assert edge["a"]["truncated"] is True
+    assert fresh.is_leaf_node()
+
     for _ in range(3):
         services.record_extend(record=Record.objects.get(pk=a.pk), by=timedelta(hours=1))
     first = api.get(f"/api/v1/records/{a.pk}/events/?limit=2").json()

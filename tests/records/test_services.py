@@ -541,7 +541,7 @@ def test_nested_declarations_transfers_deletes_and_purges_keep_the_tree_valid(
             child = declare(branch, f"c{round_}")
             declare(child, "leaf")
             check_tree(run.tree_id)
-            assert Record.objects.get(pk=branch.pk).get_descendant_count() == 2 * (round_ + 1), i
+            assert Record.objects.get(pk=branch.pk).descendants_counted() == 2 * (round_ + 1), i
     stand = factories.stand("keep")
     declare(stand, "mine")
     services.record_transfer(record=branches[1], new_owner=stand, given_by=run)
@@ -552,7 +552,7 @@ def test_nested_declarations_transfers_deletes_and_purges_keep_the_tree_valid(
     # The subtree landed after the stand's free numbers: a new holding must not land on it.
     declare(Record.objects.get(pk=stand.pk), "after-transfer-too")
     check_tree(stand.tree_id)
-    assert Record.objects.get(pk=stand.pk).get_descendant_count() == 10  # mine, b1 and its 6, and the two after
+    assert Record.objects.get(pk=stand.pk).descendants_counted() == 10  # mine, b1 and its 6, and the two after
     with django_capture_on_commit_callbacks(execute=True):
         services.record_delete_request(record=Record.objects.get(pk=branches[0].pk))
     later = timezone.now() + settings.GRAPHENE_TOMBSTONE_RETENTION + timedelta(minutes=1)
@@ -580,7 +580,7 @@ def test_an_owner_declared_into_again_and_again_moves_the_rest_of_its_tree_a_few
     check_tree(run.tree_id)
     moves = sum(1 for before, after in itertools.pairwise(positions) if before != after)
     assert 1 <= moves <= 6, f"the record right of them moved {moves} times in 60 declarations"
-    assert [Record.objects.get(pk=r.pk).get_descendant_count() for r in (left, middle, right)] == [30, 30, 0]
+    assert [Record.objects.get(pk=r.pk).descendants_counted() for r in (left, middle, right)] == [30, 30, 0]
     assert Record.objects.get(pk=right.pk).is_leaf_node()
     assert not Record.objects.get(pk=left.pk).is_leaf_node()
 

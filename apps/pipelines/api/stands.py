@@ -52,7 +52,7 @@ class StandHoldingOutput(RecordOutput):
 
     def get_subtree_records(self, obj: Record) -> int:
         counted = getattr(obj, "subtree_records", None)  # selectors.stand_holdings
-        return int(counted) if counted is not None else obj.get_descendant_count() + 1
+        return int(counted) if counted is not None else obj.descendants_counted() + 1
 
 
 StandDetail = inline_serializer(

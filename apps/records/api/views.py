@@ -252,6 +252,9 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         record = selectors.record_get(user=request.user, record_id=pk)
         depth = int_param(request.query_params, "depth", 3, 0, MAX_TREE_DEPTH)
         nodes = selectors.record_subtree(record=record, depth=depth)
+        # Which nodes at the last level own more (one query: their bounds may hold free numbers).
+        edge = [n.pk for n in nodes if n.level == record.level + depth and n.rght - n.lft > 1]
+        owning = set(Record.objects.filter(parent_id__in=edge).values_list("parent_id", flat=True)) if edge else set()
         by_id: dict[Any, dict[str, Any]] = {}
         root: dict[str, Any] = {}
         for node in nodes:
@@ -263,7 +266,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
                 "expires_at": node.expires_at.isoformat() if node.expires_at else None,
                 "protected": node.protected,
                 "children": [],
-                "truncated": node.level == record.level + depth and not node.is_leaf_node(),
+                "truncated": node.pk in owning,
             }
             by_id[node.pk] = item
             if node.pk == record.pk:

@@ -178,7 +178,7 @@ def record_transfer(
             record_delete_request(
                 record=taken, actor=actor, reason="Replaced", message=f"replaced by {record} ({record.pk})"
             )
-        size = record.get_descendant_count() + 1
+        size = record.descendants_counted() + 1
         before = _audited(record)
         Record.objects.move_node(record, new_owner, position="last-child")
         # mptt placed the subtree at the new owner's old right end, after its free numbers,
