@@ -279,6 +279,23 @@ def test_a_redelivered_batch_goes_on_up_from_records_already_deleted(
     assert Event.objects.filter(record=leaf, type=EventType.PHASE_CHANGED, data__to="deleted").count() == 1
 
 
+def test_a_batch_claims_only_records_whose_deletion_was_requested(django_capture_on_commit_callbacks: Any) -> None:
+    """The claim finds its records by primary key and checks the request on the rows it read."""
+    owner = factories.run()
+    with django_capture_on_commit_callbacks(execute=False):
+        going, staying = factories.sleep(owner, "going"), factories.sleep(owner, "staying")
+    for record in (going, staying):
+        services.record_converge(record_id=record.pk)
+    with django_capture_on_commit_callbacks(execute=False):
+        services.record_delete_request(record=Record.objects.get(pk=going.pk))
+        with transaction.atomic():
+            batch = delete._claim([str(going.pk), str(staying.pk)])
+    assert batch is not None
+    assert [r.pk for r in batch.records] == [going.pk]
+    assert phases(going, staying) == [Phase.DELETING, Phase.READY]
+    assert delete._ready_parents([staying.pk]) == [], "its deletion was never asked for"
+
+
 def _claimed_siblings(capture: Any, count: int, **spec: Any) -> list[Record]:
     """``count`` ready siblings under a run whose deletion was requested, claimed (``deleting``)."""
     owner = factories.run()
