@@ -9,8 +9,9 @@ Two shapes of the 1,000 declarations:
 
 * ``flat``: 1,000 children of the run;
 * ``nested``: 10 groups under the run, then 99 children under each, declared round-robin
-  across the groups (as parallel pipeline branches would), so most inserts shift the
-  ``lft``/``rght`` of the other groups' subtrees inside the run's tree.
+  across the groups (as parallel pipeline branches would), so most inserts go under an
+  owner left of the tree's right edge: with dense nested sets each would move the bounds of
+  the other groups' subtrees (the free numbers of ``Record.tree_slack`` make that rare).
 
 No worker runs: convergence messages go to this benchmark's own queue (in its own Redis
 db) and are dropped after each repetition. The filler installation is bulk-loaded with
