@@ -351,9 +351,10 @@ def test_a_batch_of_slow_deletes_runs_them_side_by_side(
     elapsed = time.monotonic() - started
     assert results == {r.pk: None for r in records}
     assert all(objects_of(str(r.pk)) == [] for r in records)
-    assert len(set(threads)) == 6, threads
-    # One after the other they take 2.4 s; side by side one delete's 0.4 s and the spread's delay.
-    assert elapsed < 1.2, f"six 400 ms deletes took {elapsed:.2f}s"
+    # Pool threads join after SPREAD_AFTER: on a quiet machine each delete has a thread of its
+    # own (0.4 s in all); one after the other they take 2.4 s.
+    assert len(set(threads)) >= 3, threads
+    assert elapsed < 1.6, f"six 400 ms deletes took {elapsed:.2f}s"
 
 
 def test_declaring_under_an_owner_being_deleted_is_refused(django_capture_on_commit_callbacks: Any) -> None:
