@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -253,40 +254,49 @@ def _run_deletes(records: Sequence[Record], wait_for_create: set[Any]) -> dict[A
         return {r.pk: one(r) for r in records}
     # Each thread takes the next record until none is left: a slow delete holds up no other,
     # as with a task per record, without a future and a hand-over per record. This thread
-    # starts alone; pool threads join only if the batch is still going ``SPREAD_AFTER`` later.
-    # Deletes that take microseconds (a file) are then done by one thread: sixteen threads
-    # taking turns at the interpreter's lock cost a worker more CPU than the deletes did
-    # (bench/cascade_delete.py); deletes that wait on a remote API are spread over the pool
-    # after a delay that is small beside one of them. A kind's delete may use the database
-    # (logs, lookups): on a pool thread that opens the thread's own connection, which nothing
-    # else would ever close.
+    # starts alone; pool threads join once one of its deletes has run ``SPREAD_AFTER``.
+    # Deletes that take microseconds (a file) are then all done by one thread, however many:
+    # sixteen threads taking turns at the interpreter's lock cost a worker more CPU than the
+    # deletes did (bench/cascade_delete.py); deletes that wait on a remote API are spread over
+    # the pool after a delay that is small beside one of them. A kind's delete may use the
+    # database (logs, lookups): on a pool thread that opens the thread's own connection,
+    # which nothing else would ever close.
     pending = iter(records)
     take = threading.Lock()
     results: dict[Any, BaseException | None] = {}
     finished = threading.Event()
+    # When this thread's delete under way began (None between deletes), for ``spread``.
+    began: list[float | None] = [None]
 
-    def drain() -> None:
+    def drain(*, timed: bool = False) -> None:
         while True:
             with take:
                 record = next(pending, None)
             if record is None:
                 return
+            if timed:
+                began[0] = time.monotonic()
             results[record.pk] = one(record)
+            if timed:
+                began[0] = None
 
     helpers: list[Future[None]] = []
 
     def spread() -> None:
-        if finished.wait(SPREAD_AFTER):
+        while not finished.wait(SPREAD_AFTER):
+            started = began[0]
+            if started is None or time.monotonic() - started < SPREAD_AFTER:
+                continue
+            # Never waits on the threads it adds (the calling thread does): a pool thread
+            # waiting on other pool threads could wait for ever behind other batches' work.
+            helpers.extend(_executor().submit(closes_connections(drain)) for _ in range(width - 2))
+            drain()
             return
-        # Never waits on the threads it adds (the calling thread does): a pool thread waiting
-        # on other pool threads could wait for ever behind other batches' work.
-        helpers.extend(_executor().submit(closes_connections(drain)) for _ in range(width - 2))
-        drain()
 
     width = min(DELETE_THREADS, len(records))
     spreader = _executor().submit(closes_connections(spread))
     try:
-        drain()
+        drain(timed=True)
     finally:
         finished.set()
         spreader.result()  # after it, ``helpers`` holds every thread it added
@@ -301,7 +311,7 @@ _pool: ThreadPoolExecutor | None = None
 # many database sessions, each closed when its delete ends.
 DELETE_THREADS = 16
 
-# Seconds a batch's deletes run on the calling thread alone before pool threads join them.
+# Seconds one delete runs on a batch's calling thread before pool threads join it.
 SPREAD_AFTER = 0.01
 
 
