@@ -23,7 +23,7 @@ from apps.pipelines.choices import ATTACH_ARTIFACT_CALL, TERMINAL, RunStatus
 from apps.pipelines.models import JournalEntry, Pipeline, Run, RunEvent, Trigger
 from apps.records.choices import Phase
 from apps.records.models import Record
-from apps.records.selectors import record_get, record_visible
+from apps.records.selectors import record_get, record_visible, subtree_size
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -320,7 +320,7 @@ def stand_holdings_all(*, user: User, expiring_before: datetime | None = None) -
         .filter(parent__kind="graphene.stand", parent__parent__isnull=True)
         .exclude(phase=Phase.DELETED)
         .select_related("parent", "created_by_run")
-        .annotate(from_run=run_of_root(OuterRef("created_by_run_id")), subtree_records=_subtree_records())
+        .annotate(from_run=run_of_root(OuterRef("created_by_run_id")), subtree_records=subtree_size())
     )
     if expiring_before is not None:
         qs = qs.filter(expires_at__lte=expiring_before, deletion_requested_at__isnull=True)
@@ -334,20 +334,8 @@ def stand_holdings(*, user: User, stand: Record) -> list[Record]:
         record_visible(user=user)
         .filter(parent=stand)
         .exclude(phase=Phase.DELETED)
-        .annotate(subtree_records=_subtree_records())
+        .annotate(subtree_records=subtree_size())
         .order_by("created_at")
-    )
-
-
-def _subtree_records() -> Subquery:
-    """The rows of the record's subtree, itself included, counted in the query that lists it (a
-    record's bounds may hold free numbers, ``Record.tree_slack``: they do not give the count)."""
-    return Subquery(
-        Record.objects.filter(tree_id=OuterRef("tree_id"), lft__gte=OuterRef("lft"), rght__lte=OuterRef("rght"))
-        .order_by()
-        .values("tree_id")
-        .annotate(n=Count("pk"))
-        .values("n")
     )
 
 

@@ -3,12 +3,12 @@ the namespaces where the access module lets the user read records."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Count, F, QuerySet, Subquery, Window
+from django.db.models import Count, F, OuterRef, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
 from apps.core import access
@@ -150,6 +150,29 @@ def owners_among(*, record_id: Any, candidates: Sequence[Any]) -> set[str]:
         rght__gt=Subquery(me.values("rght")),
     )
     return {str(pk) for pk in owners.values_list("pk", flat=True)}
+
+
+def records_owning(records: Iterable[Record]) -> set[Any]:
+    """The ids of those of ``records`` that own at least one record (one query). Bounds are no
+    answer: a record's may hold only free numbers (``Record.tree_slack``); only a record whose
+    bounds are adjacent is known to own nothing without asking."""
+    ids = [r.pk for r in records if r.rght - r.lft > 1]
+    if not ids:
+        return set()
+    return set(Record.objects.filter(parent_id__in=ids).values_list("parent_id", flat=True).distinct())
+
+
+def subtree_size() -> Subquery:
+    """An expression for a query of records: the rows of each one's subtree, itself included
+    (deleted ones not yet purged too), counted in that query; its bounds do not give the count
+    (``Record.tree_slack``)."""
+    return Subquery(
+        Record.objects.filter(tree_id=OuterRef("tree_id"), lft__gte=OuterRef("lft"), rght__lte=OuterRef("rght"))
+        .order_by()
+        .values("tree_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
 
 
 def record_subtree(*, record: Record, depth: int) -> list[Record]:

@@ -44,15 +44,12 @@ StandSummary = inline_serializer(
 class StandHoldingOutput(RecordOutput):
     """A record the stand holds directly, with the size of its subtree."""
 
-    subtree_records = serializers.SerializerMethodField(help_text="records in its subtree, itself included")
+    # Counted by the query that lists it (selectors.stand_holdings).
+    subtree_records = serializers.IntegerField(read_only=True, help_text="records in its subtree, itself included")
 
     class Meta(RecordOutput.Meta):
         fields = [*RecordOutput.Meta.fields, "subtree_records"]
         read_only_fields = fields
-
-    def get_subtree_records(self, obj: Record) -> int:
-        counted = getattr(obj, "subtree_records", None)  # selectors.stand_holdings
-        return int(counted) if counted is not None else obj.descendants_counted() + 1
 
 
 StandDetail = inline_serializer(

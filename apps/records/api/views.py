@@ -252,9 +252,7 @@ class RecordViewSet(DoorChecks, viewsets.GenericViewSet):
         record = selectors.record_get(user=request.user, record_id=pk)
         depth = int_param(request.query_params, "depth", 3, 0, MAX_TREE_DEPTH)
         nodes = selectors.record_subtree(record=record, depth=depth)
-        # Which nodes at the last level own more (one query: their bounds may hold free numbers).
-        edge = [n.pk for n in nodes if n.level == record.level + depth and n.rght - n.lft > 1]
-        owning = set(Record.objects.filter(parent_id__in=edge).values_list("parent_id", flat=True)) if edge else set()
+        owning = selectors.records_owning(n for n in nodes if n.level == record.level + depth)
         by_id: dict[Any, dict[str, Any]] = {}
         root: dict[str, Any] = {}
         for node in nodes:
