@@ -305,11 +305,10 @@ def _declare_in_tree(
 # (room for 32 children without growing again): it and its ancestors (``up``, found by
 # ``parent_id``) end that much further right, and the records to the right of the owner move
 # as far. So an owner of n children moves the rest of the tree about log2(n) times, not n
-# times. There is nothing to the right of the owner when
-# each of its ancestors ends right after it (root.rght - owner.rght = owner.level), as for a
-# run's own records; then the move is not even looked for. The ancestors are written by
-# primary key (``= ANY``: the planner cannot count a recursive query's rows and would scan the
-# table for an ``IN``).
+# times. There is nothing to the right of the owner when each of its ancestors ends right
+# after it (root.rght - owner.rght = owner.level), as for a run's own records; then the move
+# is not even looked for. The ancestors are written by primary key (``= ANY``: the planner
+# cannot count a recursive query's rows and would scan the table for an ``IN``).
 _INSERT_CHILD = """
 WITH RECURSIVE up AS (
     SELECT id, parent_id, tree_id, lft, rght, level, tree_slack, phase, deletion_requested_at
