@@ -110,13 +110,17 @@ def test_queue_starts_take_turns_on_the_pipeline_lock() -> None:
 
 @pytest.mark.django_db
 def test_a_parallel_start_writes_its_run_in_one_statement(django_capture_on_commit_callbacks: Any) -> None:
-    """The pipeline's row, the run's number and its tree's id (one round trip), then the root,
-    the run, their first events and the audit row in one statement; all of them readable after."""
+    """The pipeline's row with the run's number and its tree's id drawn in the same statement,
+    then the root, the run, their first events and the audit row in one statement; all of them
+    readable after, the numbers the next ones."""
     services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})  # the pipeline's row and sequences exist
     with django_capture_on_commit_callbacks(execute=False), CaptureQueriesContext(connection) as queries:
         run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert len(statements) == 3, statements
+    assert len(statements) == 2, statements
+    assert "nextval" in statements[0], statements[0]
+    assert "pipelines_pipeline" in statements[0], statements[0]
+    assert run.number == Run.objects.filter(pipeline=run.pipeline).count()
     fresh = Run.objects.get(pk=run.pk)
     root = Record.objects.get(pk=run.pk)  # a run and its root share the id
     assert (fresh.status, root.name) == (RunStatus.QUEUED, f"sample.noop#{run.number}")
@@ -127,23 +131,56 @@ def test_a_parallel_start_writes_its_run_in_one_statement(django_capture_on_comm
     assert AuditEntry.objects.filter(action="run.start", object_id=str(run.pk)).count() == 1
 
 
+@pytest.mark.django_db
+def test_a_parallel_start_whose_number_sequence_is_gone_numbers_after_the_highest_run() -> None:
+    """The sequence a start reads with the pipeline's row is made on first use: a start that
+    finds none (dropped here) makes it after the highest number in use, as the first did."""
+    first = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    second = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP SEQUENCE "pipelines_run_number_{first.pipeline_id}"')
+    third = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    fourth = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    assert [first.number, second.number, third.number, fourth.number] == [1, 2, 3, 4]
+    runs = [first, second, third, fourth]
+    trees = Record.objects.filter(pk__in=[r.pk for r in runs]).values_list("tree_id", flat=True)
+    assert len(set(trees)) == 4
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_lease_is_taken_in_one_read_and_one_write_with_what_the_execution_needs() -> None:
-    """The run's row is locked and read with its pipeline's and its revision's; the
-    transition writes the run and its event: no more statements, and none after for them."""
+def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_needs() -> None:
+    """A queued run's move to running, its event and its pipeline's and revision's rows come
+    from one statement, outside any transaction of its own; a run that is not queued is locked
+    and read first (one read, one write), and a run held already is not taken."""
     run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
     with CaptureQueriesContext(connection) as queries:
         acquired = services.run_lease_acquire(run_id=run.pk)
         assert acquired is not None
         taken, token = acquired
         named = (taken.pipeline.name, taken.revision, services.definition_for_run(taken).name)
-    statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 2, statements
-    assert "FOR NO KEY UPDATE" in statements[0]
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert len(statements) == 1, statements
+    assert "UPDATE pipelines_run" in statements[0], statements
     assert named == ("sample.noop", None, "sample.noop")
+    assert (taken.status, taken.lease_token, taken.attempt) == (RunStatus.RUNNING, token, 1)
     fresh = Run.objects.get(pk=run.pk)
     assert (fresh.status, fresh.lease_token, fresh.attempt) == (RunStatus.RUNNING, token, 1)
-    assert services.run_lease_acquire(run_id=run.pk) is None  # held: nothing to take
+    assert fresh.started_at is not None
+    assert fresh.lease_expires_at > fresh.started_at
+    moved = RunEvent.objects.filter(run=run).last()
+    assert moved is not None
+    assert (moved.from_status, moved.to_status, moved.reason, moved.data) == (
+        "queued",
+        "running",
+        "Started",
+        {"attempt": 1},
+    )
+    with CaptureQueriesContext(connection) as queries:
+        assert services.run_lease_acquire(run_id=run.pk) is None  # held: nothing to take
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 2, statements
+    assert "FOR NO KEY UPDATE" in statements[1], statements
+    assert Run.objects.get(pk=run.pk).lease_token == token
     with pytest.raises(Run.DoesNotExist), transaction.atomic():
         services.run_lock(uuid.uuid4())  # no such run
 

@@ -25,7 +25,14 @@ from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
 from apps.pipelines.models import Pipeline, Run, RunEvent, RunWait
 from apps.pipelines.services import triggers
 from apps.pipelines.services.definitions import definition_for_run
-from apps.pipelines.services.transitions import Actor, run_enqueue_on_commit, run_lock, run_lock_or_none, run_transition
+from apps.pipelines.services.transitions import (
+    Actor,
+    run_enqueue_on_commit,
+    run_lock,
+    run_lock_or_none,
+    run_take_queued,
+    run_transition,
+)
 from apps.records import services as records
 from apps.records.choices import Phase
 from apps.records.models import Record
@@ -40,6 +47,12 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
     notes that it holds the token (``workers.lease_hold``): if the worker is lost, the run is
     taken over at once (``recovery.runs_take_over``) instead of when the lease expires."""
     now = timezone.now()
+    if is_postgresql():  # a queued run, most often: one statement
+        token = uuid.uuid4()
+        expires = now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS)
+        taken = run_take_queued(run_id=run_id, token=token, expires_at=expires, worker_id=workers.current_worker_id())
+        if taken is not None:
+            return taken, token
     with transaction.atomic():
         # With its pipeline's row (not locked): the execution needs its name and policies.
         run = run_lock_or_none(run_id)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 from graphene_sdk import Pipeline as Definition
 
 from apps.core import access
-from apps.core.db import insert_json_groups, is_postgresql, json_rows, sequence_next, sequences_next
+from apps.core.db import (
+    insert_json_groups,
+    is_postgresql,
+    json_rows,
+    models_from_row,
+    prepared_cursor,
+    select_columns,
+    sequence_next,
+    sequences_next,
+)
 from apps.core.errors import Conflict, GrapheneError, NotFound, ValidationFailed
 from apps.core.models import AuditEntry
 from apps.pipelines.causes import cause_text, parent_cause, user_cause
@@ -56,12 +66,11 @@ def _create_run(
     revision: Revision | None = None,
     cause: dict[str, Any] | None = None,
     trigger: Trigger | None = None,
+    numbers: tuple[int, int] | None = None,
 ) -> Run:
     pg = is_postgresql()
-    if pg:  # the run's number and its tree's in one round trip
-        number, tree_id = sequences_next(
-            [(_run_number_sequence(row), _RUN_NUMBER_TAKEN, [row.pk]), (TREE_ID_SEQUENCE, _TREE_ID_TAKEN, [])]
-        )
+    if pg:  # the run's number and its tree's in one round trip (or drawn with the pipeline's row)
+        number, tree_id = numbers or _numbers_next(row)
         root, root_event = records.run_root_rows(
             name=f"{row.name}#{number}", namespace=row.namespace, tree_id=tree_id, actor=actor
         )
@@ -116,8 +125,47 @@ def _run_number_sequence(row: Pipeline) -> str:
     return f"pipelines_run_number_{int(row.pk)}"
 
 
+def _numbers_next(row: Pipeline) -> tuple[int, int]:
+    """A new run's number and its tree's id (PostgreSQL)."""
+    number, tree_id = sequences_next(
+        [(_run_number_sequence(row), _RUN_NUMBER_TAKEN, [row.pk]), (TREE_ID_SEQUENCE, _TREE_ID_TAKEN, [])]
+    )
+    return number, tree_id
+
+
+def _start_row(
+    definition: Definition[Any, Any], *, seen: Pipeline | None, turns: bool
+) -> tuple[Pipeline, tuple[int, int] | None]:
+    """The pipeline's row for a start (``pipeline_sync``; locked when the start ``turns``), and,
+    for a ``parallel`` start on PostgreSQL whose row was not read yet, the new run's number and
+    its tree's id drawn in the statement that reads it: one round trip fewer on every start."""
+    if turns or seen is not None or not is_postgresql():
+        return pipeline_sync(definition, row=None if turns else seen, lock=turns), None
+    with prepared_cursor() as cursor:
+        cursor.execute(_row_numbered_sql(), [definition.name])
+        found = cursor.fetchone()
+    if found is None:  # its first start: the row is made
+        return pipeline_sync(definition), None
+    row, revision = models_from_row((Pipeline, Revision), found[:-2])
+    row.revision = revision
+    number, tree_id = found[-2:]
+    row = pipeline_sync(definition, row=row)
+    if number is None or tree_id is None:  # a sequence is made on first use
+        return row, _numbers_next(row)
+    return row, (int(number), int(tree_id))
+
+
 _RUN_NUMBER_TAKEN = "SELECT MAX(number) FROM pipelines_run WHERE pipeline_id = %s"
 _TREE_ID_TAKEN = "SELECT MAX(tree_id) FROM records_record"
+
+
+@functools.cache
+def _row_numbered_sql() -> str:
+    return (
+        f"SELECT {select_columns(Pipeline, 'p')}, {select_columns(Revision, 'v')}, "  # noqa: S608 - names from the models
+        f"nextval(to_regclass('pipelines_run_number_' || p.id)), nextval(to_regclass('{TREE_ID_SEQUENCE}')) "
+        "FROM pipelines_pipeline p LEFT JOIN pipelines_revision v ON v.id = p.revision_id WHERE p.name = %s"
+    )
 
 
 def run_number_next(row: Pipeline) -> int:
@@ -220,7 +268,7 @@ def run_start(
         with transaction.atomic():
             while True:
                 # Unlocked, the row just read serves (read again, it would be no fresher).
-                row = pipeline_sync(definition, row=None if turns else seen, lock=turns)
+                row, numbers = _start_row(definition, seen=seen, turns=turns)
                 pinned = revision or row.revision
                 if pinned is not None and revision is None:
                     # The revision active now (activation may have moved it since ``definition_get``).
@@ -237,10 +285,9 @@ def run_start(
             if idempotency_key is not None and looks_up and (earlier := _replay(row, idempotency_key, clean)):
                 return earlier
             status, reason = RunStatus.QUEUED, "Started"
-            active = Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))
             if definition.concurrency == "queue":
                 waiting = Run.objects.filter(pipeline=row, parent_run__isnull=True, status=RunStatus.WAITING).count()
-                if active.exists() or waiting:
+                if _active_runs(row).exists() or waiting:
                     if definition.max_pending is not None and waiting >= definition.max_pending:
                         raise Conflict(
                             f"pipeline {row.name!r} runs one at a time and already has {waiting} run(s) waiting "
@@ -249,7 +296,7 @@ def run_start(
                         )
                     status, reason = RunStatus.WAITING, "WaitingForTurn"
             elif definition.concurrency == "cancel_previous":
-                for previous in active.order_by("number"):
+                for previous in _active_runs(row).order_by("number"):
                     run_finish(
                         run=previous,
                         status=RunStatus.CANCELLED,
@@ -268,12 +315,19 @@ def run_start(
                 revision=pinned,
                 cause=cause,
                 trigger=trigger,
+                numbers=numbers,
             )
     except IntegrityError:
         # A concurrent start with this key committed first (``parallel``: nothing serialized the two).
         if row is None or idempotency_key is None or (earlier := _replay(row, idempotency_key, clean)) is None:
             raise
         return earlier
+
+
+def _active_runs(row: Pipeline) -> QuerySet[Run]:
+    """The pipeline's top-level runs that hold its turn (built only for a policy that takes
+    turns: compiling the queryset cost a ``parallel`` start more than its statements)."""
+    return Run.objects.filter(pipeline=row, parent_run__isnull=True, status__in=list(ACTIVE))
 
 
 def run_start_children(

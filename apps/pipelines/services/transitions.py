@@ -9,6 +9,7 @@ sends one once the transaction that queued the run commits.
 from __future__ import annotations
 
 import functools
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -92,6 +93,60 @@ def _run_lock_sql(*, with_root: bool) -> str:
         f"SELECT {', '.join(columns)} FROM pipelines_run r {' '.join(joins)} "  # noqa: S608 - names from the models
         f"WHERE r.id = %s FOR NO KEY UPDATE OF {locked}"
     )
+
+
+def run_take_queued(*, run_id: Any, token: uuid.UUID, expires_at: datetime, worker_id: uuid.UUID | None) -> Run | None:
+    """PostgreSQL: a queued run moves to ``running`` under lease ``token`` in one statement
+    (no lock taken first, no transaction of its own): the status, the attempt, its
+    ``RunEvent`` (``Started`` the first time, else ``Continued``) and the ``HeldLease`` row of
+    ``worker_id`` (when given). Every run's start waits for it; the lock, the move, the event,
+    the lease row and the commit were a round trip each.
+
+    None, changing nothing, when the run is not queued, or when its last event says its worker
+    was lost (``WorkerLost``: the move says where it resumes; ``run_lease_acquire`` decides it)."""
+    now = timezone.now()
+    params = {"id": run_id, "now": now, "token": token, "expires": expires_at, "worker": worker_id}
+    with prepared_cursor() as cursor:
+        cursor.execute(_take_queued_sql(held=worker_id is not None), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    run, pipeline, revision = models_from_row((Run, Pipeline, Revision), row)
+    run.pipeline, run.revision = pipeline, revision
+    _publish(run)
+    return run
+
+
+@functools.cache
+def _take_queued_sql(*, held: bool) -> str:
+    # ``attempt`` goes up by one at each lease and only then, and ``started_at`` is set at the
+    # first: the first lease is the one that makes it 1.
+    held_lease = (
+        ", h AS (INSERT INTO core_heldlease (token, worker_id, subject, taken_at) "
+        "SELECT %(token)s, %(worker)s, 'run ' || u.id, %(now)s FROM u)"
+        if held
+        else ""
+    )
+    return f"""
+    WITH u AS (
+        UPDATE pipelines_run r SET status = 'running', updated_at = %(now)s, lease_token = %(token)s,
+            lease_expires_at = %(expires)s, attempt = r.attempt + 1, started_at = COALESCE(r.started_at, %(now)s),
+            waiting_on = '[]'::jsonb, wake_at = NULL
+        WHERE r.id = %(id)s AND r.status = 'queued' AND (
+            r.started_at IS NULL
+            OR (SELECT e.reason FROM pipelines_runevent e WHERE e.run_id = r.id ORDER BY e.id DESC LIMIT 1)
+               IS DISTINCT FROM 'WorkerLost'
+        )
+        RETURNING r.*
+    ), e AS (
+        INSERT INTO pipelines_runevent (run_id, from_status, to_status, reason, message, data, actor_id, created_at)
+        SELECT u.id, 'queued', 'running', CASE WHEN u.attempt = 1 THEN 'Started' ELSE 'Continued' END, '',
+            jsonb_build_object('attempt', u.attempt), NULL, %(now)s
+        FROM u
+    ){held_lease}
+    SELECT {select_columns(Run, "u")}, {select_columns(Pipeline, "p")}, {select_columns(Revision, "v")}
+    FROM u JOIN pipelines_pipeline p ON p.id = u.pipeline_id LEFT JOIN pipelines_revision v ON v.id = u.revision_id
+    """  # noqa: S608 - names from the models
 
 
 def _publish(run: Run) -> None:
