@@ -30,7 +30,8 @@ class Execution(RecordCalls, ChildCalls, AgentCalls, StepCalls):
         self.journal = Journal(run, token)
         self.attached_agents = set()
         self._pool: ThreadPoolExecutor | None = None
+        self._running = None
         self.telemetry = RunTelemetry(run)  # spans and step metrics, buffered, written in batches
 
     def close(self) -> None:
-        self._abandon()
+        self._steps_done()

@@ -4,7 +4,9 @@ Celery task ``run_execute_task``."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -36,27 +38,66 @@ logger = logging.getLogger(__name__)
 _EXPLAINED = (NonDeterminismError, OutcomeUnknown, StepFailed, ResourceFailed, ChildRunFailed, RemoteError)
 
 
-class _Heartbeat(threading.Thread):
-    """Extends the run's lease while the function executes; flags the execution if it lost it."""
+class _LeaseRenewer:
+    """One thread per process extends the leases of the runs the process executes, each a third
+    of a lease after the last, and flags an execution whose lease is gone (taken over, or its
+    run ended). A thread started for each execution delayed every run's first step by its start.
+    The thread closes its database connection whenever it has nothing to renew."""
 
-    def __init__(self, execution: Execution) -> None:
-        super().__init__(name=f"lease-{execution.run_id[:8]}", daemon=True)
-        self.execution = execution
-        self.stopped = threading.Event()
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[Execution, float] = {}
+        self._pid = 0
 
-    def run(self) -> None:
-        lease = settings.GRAPHENE_RUN_LEASE_SECONDS
-        try:
-            while not self.stopped.wait(lease / 3):
-                self.execution.telemetry.flush()  # long executions write their spans as they go
-                extended = Run.objects.filter(
-                    pk=self.execution.run.pk, lease_token=self.execution.token, status=RunStatus.RUNNING
-                ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease))
-                if not extended:
-                    self.execution.journal.lost.set()
-                    return
-        finally:
-            connection.close()
+    def add(self, execution: Execution) -> None:
+        with self._cond:
+            if self._pid != os.getpid():  # the first execution of this process (a pool child is forked)
+                self._due.clear()
+                threading.Thread(target=self._serve, name="run-leases", daemon=True).start()
+                self._pid = os.getpid()
+            self._due[execution] = time.monotonic() + settings.GRAPHENE_RUN_LEASE_SECONDS / 3
+
+    def remove(self, execution: Execution) -> None:
+        with self._cond:
+            self._due.pop(execution, None)
+            if not self._due:
+                self._cond.notify()  # nothing left: its connection is closed now, not a third later
+
+    def _serve(self) -> None:
+        while True:
+            execution = self._next_due()
+            try:
+                self._renew(execution)
+            except Exception:  # the lease has two thirds left: try again at the next third
+                logger.warning("run %s: could not extend its lease", execution.run_id, exc_info=True)
+                connection.close()
+
+    def _next_due(self) -> Execution:
+        """Wait until an execution's lease is due for extension; it is next due a third later."""
+        with self._cond:
+            while True:
+                if not self._due:
+                    connection.close()
+                    self._cond.wait(settings.GRAPHENE_RUN_LEASE_SECONDS / 3)
+                    continue
+                execution, at = min(self._due.items(), key=lambda item: item[1])
+                now = time.monotonic()
+                if at <= now:
+                    self._due[execution] = now + settings.GRAPHENE_RUN_LEASE_SECONDS / 3
+                    return execution
+                self._cond.wait(at - now)
+
+    def _renew(self, execution: Execution) -> None:
+        execution.telemetry.flush()  # long executions write their spans as they go
+        extended = Run.objects.filter(
+            pk=execution.run.pk, lease_token=execution.token, status=RunStatus.RUNNING
+        ).update(lease_expires_at=timezone.now() + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS))
+        if not extended:
+            execution.journal.lost.set()
+            self.remove(execution)
+
+
+_leases = _LeaseRenewer()
 
 
 def _output(definition: Definition[Any, Any], value: Any) -> Any:
@@ -107,8 +148,7 @@ def _execute(run: Run, token: Any, definition: Definition[Any, Any], inputs: Any
     """One execution of the run's function, holding its lease, to its suspension or its end."""
     execution = Execution(run, token, definition)
     journal = execution.journal
-    heartbeat = _Heartbeat(execution)
-    heartbeat.start()
+    _leases.add(execution)
     try:
         try:
             with access.acting_in(run.namespace):  # secrets and the like are read in the run's namespace
@@ -152,5 +192,5 @@ def _execute(run: Run, token: Any, definition: Definition[Any, Any], inputs: Any
         services.run_finish(run=run, status=RunStatus.SUCCEEDED, outputs=outputs, token=token)
     finally:
         execution.telemetry.end("aborted")  # a no-op unless an exit above was missed
-        heartbeat.stopped.set()
+        _leases.remove(execution)
         execution.close()

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextvars
+import os
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from graphene_sdk import OutcomeUnknown, StepFailed, StepTimeout
@@ -23,9 +25,43 @@ from apps.pipelines.engine.journal import _Fenced, _Suspend, result_of, to_json
 from apps.pipelines.engine.state import ExecutionState
 
 
+class _StepThreads:
+    """This process's idle step threads, each a one-thread executor, kept for the next
+    execution: starting a thread for each execution delayed every run's first step by the
+    start. A thread goes back only when its last step has returned; it first closes the
+    database connections the steps it ran opened (they belong to that thread)."""
+
+    keep = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[ThreadPoolExecutor] = []
+        self._pid = os.getpid()
+
+    def take(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pid == os.getpid() and self._idle:
+                return self._idle.pop()
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="step")
+
+    def give_back(self, pool: ThreadPoolExecutor) -> None:
+        pool.submit(connections.close_all)
+        with self._lock:
+            if self._pid != os.getpid():  # executors made before a fork have no thread here
+                self._idle, self._pid = [], os.getpid()
+            if len(self._idle) < self.keep:
+                self._idle.append(pool)
+                return
+        pool.shutdown(wait=False)
+
+
+_step_threads = _StepThreads()
+
+
 class StepCalls(ExecutionState):
     # The thread steps run in (one at a time); replaced when a step is abandoned.
     _pool: ThreadPoolExecutor | None
+    _running: Future[Any] | None  # the last step handed to it
 
     def step(
         self,
@@ -96,7 +132,7 @@ class StepCalls(ExecutionState):
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"step-{self.run_id[:8]}")
+            self._pool = _step_threads.take()
         return self._pool
 
     def _abandon(self) -> None:
@@ -105,12 +141,20 @@ class StepCalls(ExecutionState):
             self._pool.shutdown(wait=False)
             self._pool = None
 
+    def _steps_done(self) -> None:
+        """The execution ends: its step thread is kept for another one if its last step
+        returned, else left to finish alone."""
+        if self._pool is not None and (self._running is None or self._running.done()):
+            _step_threads.give_back(self._pool)
+            self._pool = None
+        self._abandon()
+
     def _call(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None, name: str
     ) -> Any:
         """Run a step in a thread so that a cancel or a timeout does not wait for it."""
         # In the run's context (the audit trail's actor is the run, there too).
-        future = self._executor().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+        future = self._running = self._executor().submit(contextvars.copy_context().run, fn, *args, **kwargs)
         started = time.monotonic()
         while True:
             wait = 0.5 if timeout is None else min(0.5, max(0.0, timeout - (time.monotonic() - started)))
