@@ -184,16 +184,23 @@ def sequences_next(wanted: Sequence[tuple[str, str, Sequence[Any]]]) -> list[int
     ]
 
 
-def insert_json_groups(groups: Sequence[tuple[type[Model], JsonRows]]) -> None:
+def insert_json_groups(groups: Sequence[tuple[type[Model], JsonRows]], *, lock: int | None = None) -> None:
     """INSERT rows of several models (each model's rows as ``json_rows`` made them), auto ids
     not set, in one prepared PostgreSQL statement: a data-modifying CTE per model (foreign
     keys are checked at commit). For a path every run start takes, where a round trip and an
-    ORM insert per row cost more than the rows."""
+    ORM insert per row cost more than the rows. ``lock``: the advisory lock taken in the same
+    statement, held to the end of the transaction."""
     if not is_postgresql():
         raise RuntimeError("insert_json_groups writes through PostgreSQL's jsonb_to_recordset")
     parts = [f"i{i} AS ({insert_select(model, found)})" for i, (model, found) in enumerate(groups)]
+    params: list[Any] = [found.param for _model, found in groups]
+    tail = "SELECT 1"
+    if lock is not None:
+        parts.insert(0, "l AS (SELECT pg_advisory_xact_lock(%s))")
+        params.insert(0, lock)
+        tail = "SELECT 1 FROM l"  # a CTE that only reads runs only when read
     with prepared_cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(parts)} SELECT 1", [found.param for _model, found in groups])
+        cursor.execute(f"WITH {', '.join(parts)} {tail}", params)
 
 
 def closes_connections(fn: Callable[P, T]) -> Callable[P, T]:

@@ -131,19 +131,27 @@ def broker_relay() -> Iterator[tuple[Relay, str]]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_broker_failing_after_the_commit_still_answers_the_run(
-    tmp_path: Path, token: str, broker_relay: tuple[Relay, str]
+@pytest.mark.parametrize(
+    ("pipeline", "inputs", "logged"),
+    [
+        # A parallel start sends the run just before its commit; one that takes turns after it.
+        ("sample.noop", {"steps": 0}, "could not send it to a worker"),
+        ("sample.queue", {"label": "a"}, "Error calling"),
+    ],
+)
+def test_a_broker_that_cannot_take_the_run_still_answers_it(
+    tmp_path: Path, token: str, broker_relay: tuple[Relay, str], pipeline: str, inputs: dict[str, Any], logged: str
 ) -> None:
     relay, broker_url = broker_relay
     web = ProductionWeb(tmp_path, GRAPHENE_BROKER_URL=broker_url).start()
     try:
-        relay.cut()  # the run's transaction commits; handing it to a worker then fails
+        relay.cut()  # the run's transaction commits; handing it to a worker fails
         client = Client(web.url, token=token, ca_file=web.ca_file)
-        handle = client.start_by_name("sample.noop", {"steps": 0}, idempotency_key="after-commit")
+        handle = client.start_by_name(pipeline, inputs, idempotency_key="broker-down")
         run = Run.objects.get(pk=handle.id)
         assert run.status == "queued"  # committed; the reconciler hands it to a worker later
         assert Run.objects.count() == 1
-        assert "Error calling" in web.log.read_text(errors="replace")  # the failure was logged, not answered
+        assert logged in web.log.read_text(errors="replace")  # the failure was logged, not answered
     finally:
         web.kill()
 

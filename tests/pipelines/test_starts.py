@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from celery.app.task import Task
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -74,6 +75,56 @@ def test_a_parallel_start_does_not_wait_for_another_start_still_in_its_transacti
     assert isinstance(second, Run), second
     assert {first.number, second.number} == {2, 3}
     assert Run.objects.filter(pk__in=[first.pk, second.pk]).count() == 2
+
+
+class _RollBack(BaseException):
+    """Raised past the start's error handling: its transaction rolls back."""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("commits", [True, False])
+def test_a_run_sent_before_its_start_commits_is_executed_once_committed_and_dropped_if_not(
+    monkeypatch: pytest.MonkeyPatch, commits: bool
+) -> None:
+    """A parallel start sends its run to a worker before its commit: a worker that finds no
+    run yet waits for the start's transaction, then takes the run, or nothing if it rolled back."""
+    services.run_start(pipeline_name="sample.noop", inputs={"steps": 0}, idempotency_key="row")  # its row, numbers
+    sent: list[str] = []
+    release = threading.Event()
+
+    def apply_async(task: Task, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        sent.append(args[0])  # inside the start's transaction: hold it open until released
+        release.wait(timeout=30)
+        if not commits:
+            raise _RollBack
+
+    monkeypatch.setattr(Task, "apply_async", apply_async)
+    starter, started = _in_thread(lambda: services.run_start(pipeline_name="sample.noop", inputs={"steps": 0}))
+    run_id = wait_for(lambda: sent, timeout=20, what="the start to send its run")[0]
+    taker, taken = _in_thread(lambda: services.run_lease_acquire(run_id=run_id))  # type: ignore[arg-type,return-value]
+    wait_for(_waiting_on_an_advisory_lock, timeout=20, what="the worker to wait for the start's transaction")
+    assert not taken
+    release.set()
+    starter.join(timeout=20)
+    taker.join(timeout=20)
+    if commits:
+        assert isinstance(started[0], Run), started
+        assert taken[0] is not None, "the committed run was taken"
+        run, _token = taken[0]
+        assert (str(run.pk), run.status) == (run_id, RunStatus.RUNNING)
+    else:
+        assert isinstance(started[0], _RollBack), started
+        assert taken == [None], "a run that was never committed is not there to take"
+        assert not Run.objects.filter(pk=run_id).exists()
+
+
+def _waiting_on_an_advisory_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return bool(cursor.fetchone()[0])
 
 
 def _waiting_for_us_on_the_pipeline_row() -> bool:

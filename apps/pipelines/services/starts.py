@@ -41,8 +41,10 @@ from apps.pipelines.services.transitions import (
     run_audited,
     run_created,
     run_created_row,
+    run_enqueue_before_commit,
     run_enqueue_on_commit,
     run_lock,
+    run_start_lock_key,
     run_told,
     run_transition,
 )
@@ -67,8 +69,12 @@ def _create_run(
     cause: dict[str, Any] | None = None,
     trigger: Trigger | None = None,
     numbers: tuple[int, int] | None = None,
+    send_first: bool = False,
 ) -> Run:
+    """``send_first`` (PostgreSQL): nothing is left of the caller's transaction but its commit;
+    a queued run is sent to a worker before it (``run_enqueue_before_commit``)."""
     pg = is_postgresql()
+    send_first = send_first and pg and status == RunStatus.QUEUED
     if pg:  # the run's number and its tree's in one round trip (or drawn with the pipeline's row)
         number, tree_id = numbers or _numbers_next(row)
         root, root_event = records.run_root_rows(
@@ -79,7 +85,7 @@ def _create_run(
         root = records.record_create_root(
             kind="graphene.run", name=f"{row.name}#{number}", namespace=row.namespace, actor=actor
         )
-    if status == RunStatus.QUEUED:
+    if status == RunStatus.QUEUED and not send_first:
         # Before the run's own notifications: after the commit a worker is told first, watchers next.
         run_enqueue_on_commit(root.pk)
     deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
@@ -113,11 +119,14 @@ def _create_run(
     event = run_created_row(run=run, reason=reason, message=message, actor=actor)
     audit_row = run_audit_row("run.start", run, actor=actor, before=None, status=status)
     insert_json_groups(
-        [*rows, (RunEvent, json_rows(RunEvent, [event])), (AuditEntry, json_rows(AuditEntry, [audit_row]))]
+        [*rows, (RunEvent, json_rows(RunEvent, [event])), (AuditEntry, json_rows(AuditEntry, [audit_row]))],
+        lock=run_start_lock_key(run.pk) if send_first else None,
     )
     run._state.adding, run._state.db = False, connection.alias
     records.run_root_written(root)
     run_told(run)
+    if send_first:
+        run_enqueue_before_commit(run.pk)
     return run
 
 
@@ -264,6 +273,7 @@ def run_start(
     # with one idempotency key meet at its unique constraint (the loser answers the winner's run).
     turns = definition.concurrency in TAKES_TURNS
     row: Pipeline | None = None
+    outermost = not connection.in_atomic_block  # its commit ends the start
     try:
         with transaction.atomic():
             while True:
@@ -316,6 +326,8 @@ def run_start(
                 cause=cause,
                 trigger=trigger,
                 numbers=numbers,
+                # A parallel start's transaction ends with the run: the worker may hear of it first.
+                send_first=outermost and not turns,
             )
     except IntegrityError:
         # A concurrent start with this key committed first (``parallel``: nothing serialized the two).

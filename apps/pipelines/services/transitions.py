@@ -9,6 +9,7 @@ sends one once the transaction that queued the run commits.
 from __future__ import annotations
 
 import functools
+import logging
 import uuid
 from datetime import datetime
 from typing import Any
@@ -19,7 +20,15 @@ from django.db.models import Field, Model
 from django.utils import timezone
 
 from apps.core import audit
-from apps.core.db import insert_select, is_postgresql, json_rows, models_from_row, prepared_cursor, select_columns
+from apps.core.db import (
+    insert_select,
+    is_postgresql,
+    json_rows,
+    lock_key,
+    models_from_row,
+    prepared_cursor,
+    select_columns,
+)
 from apps.core.errors import GrapheneError
 from apps.core.events import publish_many_on_commit
 from apps.core.models import AuditEntry
@@ -28,6 +37,8 @@ from apps.pipelines.models import Pipeline, Revision, Run, RunEvent
 from apps.records.models import Record
 
 Actor = AbstractBaseUser | AnonymousUser | None
+
+logger = logging.getLogger(__name__)
 
 
 class IllegalRunTransition(GrapheneError):
@@ -162,6 +173,30 @@ def run_enqueue_on_commit(run_id: Any, countdown: float = 0) -> None:
     # that into an error (an HTTP 500 for a start that happened); the reconciler enqueues a
     # queued run that no worker took.
     transaction.on_commit(lambda: run_execute_task.apply_async((str(run_id),), countdown=countdown), robust=True)
+
+
+def run_start_lock_key(run_id: Any) -> int:
+    """The advisory lock that the transaction creating a run holds when it sent the run to a
+    worker before committing (``run_enqueue_before_commit``)."""
+    return lock_key(f"run-start:{uuid.UUID(str(run_id))}")
+
+
+def run_enqueue_before_commit(run_id: Any) -> None:
+    """Send the run to a worker now, from the transaction creating it, when all that is left of
+    that transaction is its commit: the commit and the message's way to a worker overlap. The
+    transaction holds ``run_start_lock_key(run_id)``: a worker that finds no such run waits for
+    that lock and looks again (``run_lease_acquire``), so it executes the run once committed and
+    drops the message if the transaction rolled back. A task that would run eagerly, here and
+    now (tests), is sent on commit as ever."""
+    from apps.pipelines.tasks import run_execute_task
+
+    if run_execute_task.app.conf.task_always_eager:
+        run_enqueue_on_commit(run_id)
+        return
+    try:
+        run_execute_task.apply_async((str(run_id),))
+    except Exception:  # as on commit: the reconciler enqueues a queued run that no worker took
+        logger.warning("run %s: could not send it to a worker; the reconciler will", run_id, exc_info=True)
 
 
 def _event(run: Run, *, before: str, reason: str, message: str, actor: Actor, data: Any, at: datetime) -> RunEvent:
