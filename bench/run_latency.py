@@ -14,8 +14,9 @@ Both are one-way figures measured the same way (no result backend, no polling: t
 waits with ``BLPOP``); the Celery round trip as seen by the sender is reported too.
 
 One worker process (prefork, concurrency 1) as in ``step_overhead``. ``--n`` (50) runs,
-strictly one at a time: the next starts only when the previous run has succeeded and its
-root record is tombstoned (so clean-up work never queues in front of a measurement). Graphene
+strictly one at a time: the next starts only when the previous run has succeeded, its
+root record is tombstoned and its last hint to watchers has arrived (so clean-up work and
+hints never queue in front of a measurement). Graphene
 and Celery samples are interleaved so that load changes on the machine hit both; three
 warm-up rounds are discarded.
 
@@ -48,7 +49,35 @@ NAME = "run_latency"
 WARMUP = 3
 
 
-def graphene_once(client: Any, key: str) -> dict[str, float]:
+class Hints:
+    """The runs' hints as a person watching gets them, through the network channel layer: a
+    sample ends only once its run's last hint has arrived, so that no hint of it is still on
+    its way (they leave a little later, gathered: ``apps/core/events.py``) while the next
+    sample, Graphene's or Celery's, is measured."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        from channels.layers import get_channel_layer
+
+        self.loop = asyncio.new_event_loop()  # one loop: the layer keeps its connections per loop
+        self.layer = get_channel_layer()
+        self.channel = self.loop.run_until_complete(self.layer.new_channel())
+        self.loop.run_until_complete(self.layer.group_add("runs", self.channel))
+
+    def wait_last(self, run_id: str, status: str, timeout: float = 60) -> None:
+        import asyncio
+
+        async def last() -> None:
+            while True:
+                hint = await self.layer.receive(self.channel)
+                if hint.get("id") == run_id and hint.get("status") == status:
+                    return
+
+        self.loop.run_until_complete(asyncio.wait_for(last(), timeout))
+
+
+def graphene_once(client: Any, key: str, hints: Hints | None) -> dict[str, float]:
     from apps.pipelines.models import Run
     from apps.pipelines.services import run_start
     from apps.records.models import Record
@@ -74,6 +103,8 @@ def graphene_once(client: Any, key: str) -> dict[str, float]:
         run.refresh_from_db()
         root = Record.objects.filter(pk=str(run.record_id)).values("phase", "deletion_requested_at").first()
         raise TimeoutError(f"run {run.pk} is {run.status} ({run.error[:500]}); its root record: {root}") from None
+    if hints is not None:
+        hints.wait_last(str(run.pk), "succeeded")
     run.refresh_from_db()
     assert run.started_at is not None
     return {
@@ -115,8 +146,10 @@ def main() -> None:
         try:
             workers = start_run_workers(bench, count=1, concurrency=1)
             log(f"worker ready in {wait_workers_ready(workers):.1f}s")
+            # Through the in-memory layer hints never leave the worker's process.
+            hints = Hints() if args.channel_layer == "redis" else None
             for i in range(WARMUP + args.n):
-                g = graphene_once(client, f"bench:{bench.queue}:g{i}")
+                g = graphene_once(client, f"bench:{bench.queue}:g{i}", hints)
                 c = celery_once(client, f"bench:{bench.queue}:c{i}", bench.queue)
                 if i >= WARMUP:
                     graphene.append(g)

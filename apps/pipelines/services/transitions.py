@@ -162,7 +162,10 @@ def _take_queued_sql(*, held: bool) -> str:
 
 def _publish(run: Run) -> None:
     payload = {"event": "run.changed", "id": str(run.pk), "status": run.status}
-    publish_many_on_commit([(f"run.{run.pk}", payload), ("runs", payload), (f"runs.{run.namespace}", payload)])
+    # For people watching: lazy, so that a worker taking a run sends nothing before its first step.
+    publish_many_on_commit(
+        [(f"run.{run.pk}", payload), ("runs", payload), (f"runs.{run.namespace}", payload)], lazy=True
+    )
 
 
 def run_enqueue_on_commit(run_id: Any, countdown: float = 0) -> None:
