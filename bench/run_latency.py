@@ -16,7 +16,8 @@ waits with ``BLPOP``); the Celery round trip as seen by the sender is reported t
 One worker process (prefork, concurrency 1) as in ``step_overhead``. ``--n`` (50) runs,
 strictly one at a time: the next starts only when the previous run has succeeded, its
 root record is tombstoned and its last hint to watchers has arrived (so clean-up work and
-hints never queue in front of a measurement). Graphene
+hints never queue in front of a measurement); every other pair measures Celery first (so
+each kind follows that wait as often as the other). Graphene
 and Celery samples are interleaved so that load changes on the machine hit both; three
 warm-up rounds are discarded.
 
@@ -149,8 +150,16 @@ def main() -> None:
             # Through the in-memory layer hints never leave the worker's process.
             hints = Hints() if args.channel_layer == "redis" else None
             for i in range(WARMUP + args.n):
-                g = graphene_once(client, f"bench:{bench.queue}:g{i}", hints)
-                c = celery_once(client, f"bench:{bench.queue}:c{i}", bench.queue)
+                # Every other pair the other way round: a sample that follows a Graphene
+                # sample's wait for its clean-up and hints finds the worker idle for a while,
+                # one that follows a Celery sample finds it busy a moment ago; both kinds get
+                # both, half the time each.
+                if i % 2:
+                    c = celery_once(client, f"bench:{bench.queue}:c{i}", bench.queue)
+                    g = graphene_once(client, f"bench:{bench.queue}:g{i}", hints)
+                else:
+                    g = graphene_once(client, f"bench:{bench.queue}:g{i}", hints)
+                    c = celery_once(client, f"bench:{bench.queue}:c{i}", bench.queue)
                 if i >= WARMUP:
                     graphene.append(g)
                     celery.append(c)

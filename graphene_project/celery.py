@@ -1,6 +1,9 @@
 """The Celery application. Tasks live in ``apps/<app>/tasks.py`` and carry only ids."""
 
+import math
 import os
+import time
+import weakref
 from typing import Any
 
 from celery import Celery
@@ -20,19 +23,35 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# A connection that ended a task less than this ago skips Django's health check (a round trip
+# before the next task's first query), as PgBouncer skips its check of a server connection used
+# within server_check_delay. One that breaks within that second fails the task that uses it, as
+# a connection breaking in the middle of a task does, and its error retires it after the task.
+HEALTHY_FOR_SECONDS = 1.0
+_task_ended: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
 @task_prerun.connect
 @task_postrun.connect
-def _recycle_db_connections(**_: object) -> None:
+def _recycle_db_connections(signal: Any = None, **_: object) -> None:
     """What Django does around each request (signal receivers justify themselves here: Celery
     offers no other hook around every task): drop connections that are broken or older than
     CONN_MAX_AGE, since Celery no longer closes them after each task (CELERY_DB_REUSE_MAX)."""
     from django.db import connections
 
+    now = time.monotonic()
     for conn in connections.all(initialized_only=True):
         # Inside a transaction (an eagerly run task in a test, a task called from a service)
         # the connection is in use: leave it alone.
-        if not conn.in_atomic_block:
-            conn.close_if_unusable_or_obsolete()
+        if conn.in_atomic_block:
+            continue
+        conn.close_if_unusable_or_obsolete()
+        if conn.connection is None:
+            continue
+        if signal is task_postrun:
+            _task_ended[conn] = now
+        elif now - _task_ended.get(conn, -math.inf) < HEALTHY_FOR_SECONDS:
+            conn.health_check_done = True  # type: ignore[attr-defined]  # Django's own flag: checked already
 
 
 # The audit context of each task: task id -> the token that restores the one before.

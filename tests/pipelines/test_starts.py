@@ -217,6 +217,7 @@ def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_n
     fresh = Run.objects.get(pk=run.pk)
     assert (fresh.status, fresh.lease_token, fresh.attempt) == (RunStatus.RUNNING, token, 1)
     assert fresh.started_at is not None
+    assert fresh.lease_expires_at is not None
     assert fresh.lease_expires_at > fresh.started_at
     moved = RunEvent.objects.filter(run=run).last()
     assert moved is not None

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.utils import timezone
 from graphene_sdk import (
     ChildRunFailed,
@@ -122,8 +122,8 @@ def _failure_text(error: BaseException) -> str:
 
 
 def run_execute(*, run_id: Any) -> None:
-    """Execute (replay) a run until it ends or suspends. The Celery task's body."""
-    close_old_connections()
+    """Execute (replay) a run until it ends or suspends. The Celery task's body (its database
+    connections are recycled around every task: graphene_project/celery.py)."""
     acquired = services.run_lease_acquire(run_id=run_id)
     if acquired is None:
         return
