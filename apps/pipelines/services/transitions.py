@@ -2,8 +2,10 @@
 ``RunEvent`` in the same transaction, told to watchers after commit.
 
 The caller locks the run's row first (``run_lock``) and decides under that lock; the
-transition then writes the move it decided. Celery carries run ids; ``run_enqueue_on_commit``
-sends one once the transaction that queued the run commits.
+transition then writes the move it decided (a queued run's lease is the exception: one
+statement decides and writes it, ``run_take_queued``). Celery carries run ids;
+``run_enqueue_on_commit`` sends one once the transaction that queued the run commits, and
+``run_enqueue_before_commit`` just before a start's commit.
 """
 
 from __future__ import annotations
