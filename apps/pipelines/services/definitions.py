@@ -59,23 +59,32 @@ def _pipeline_row(name: str, *, lock: bool = False) -> Pipeline | None:
     if not is_postgresql():
         query = Pipeline.objects.select_related("revision").filter(name=name)
         return (query.select_for_update(of=("self",)) if lock else query).first()
+    found = pipeline_row_with(name, lock=lock)
+    return found[0] if found is not None else None
+
+
+def pipeline_row_with(name: str, extra: str = "", *, lock: bool = False) -> tuple[Pipeline, tuple[Any, ...]] | None:
+    """PostgreSQL: ``_pipeline_row``'s statement, with the values of the SQL expressions
+    ``extra`` (a select list; the pipeline's table is named as itself) read in it: the row and
+    those values, or None when there is no such pipeline."""
     with prepared_cursor() as cursor:
-        cursor.execute(_pipeline_row_sql(lock), [name])
+        cursor.execute(_pipeline_row_sql(lock, extra), [name])
         found = cursor.fetchone()
     if found is None:
         return None
-    row, revision = models_from_row((Pipeline, Revision), found)
+    width = len(Pipeline._meta.concrete_fields) + len(Revision._meta.concrete_fields)
+    row, revision = models_from_row((Pipeline, Revision), found[:width])
     row.revision = revision
-    return row
+    return row, tuple(found[width:])
 
 
 @functools.cache
-def _pipeline_row_sql(lock: bool) -> str:
+def _pipeline_row_sql(lock: bool, extra: str = "") -> str:
     # The table's own name as the alias: the statement reads as the ORM's did in pg_stat_activity.
     table = connection.ops.quote_name(Pipeline._meta.db_table)
     return (
-        f"SELECT {select_columns(Pipeline, table)}, {select_columns(Revision, 'r')} FROM {table} "  # noqa: S608 - names from the models
-        f"LEFT JOIN pipelines_revision r ON r.id = {table}.revision_id WHERE {table}.name = %s"
+        f"SELECT {select_columns(Pipeline, table)}, {select_columns(Revision, 'r')}{', ' + extra if extra else ''} "  # noqa: S608 - names from the models
+        f"FROM {table} LEFT JOIN pipelines_revision r ON r.id = {table}.revision_id WHERE {table}.name = %s"
         + (f" FOR UPDATE OF {table}" if lock else "")
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -15,9 +14,6 @@ from apps.core.db import (
     insert_json_groups,
     is_postgresql,
     json_rows,
-    models_from_row,
-    prepared_cursor,
-    select_columns,
     sequence_next,
     sequences_next,
 )
@@ -31,6 +27,7 @@ from apps.pipelines.services.definitions import (
     definition_get,
     definition_lookup,
     inputs_validate,
+    pipeline_row_with,
     pipeline_sync,
 )
 from apps.pipelines.services.lifecycle import run_finish
@@ -150,14 +147,10 @@ def _start_row(
     its tree's id drawn in the statement that reads it: one round trip fewer on every start."""
     if turns or seen is not None or not is_postgresql():
         return pipeline_sync(definition, row=None if turns else seen, lock=turns), None
-    with prepared_cursor() as cursor:
-        cursor.execute(_row_numbered_sql(), [definition.name])
-        found = cursor.fetchone()
+    found = pipeline_row_with(definition.name, _NUMBERS_DRAWN)
     if found is None:  # its first start: the row is made
         return pipeline_sync(definition), None
-    row, revision = models_from_row((Pipeline, Revision), found[:-2])
-    row.revision = revision
-    number, tree_id = found[-2:]
+    row, (number, tree_id) = found
     row = pipeline_sync(definition, row=row)
     if number is None or tree_id is None:  # a sequence is made on first use
         return row, _numbers_next(row)
@@ -166,15 +159,12 @@ def _start_row(
 
 _RUN_NUMBER_TAKEN = "SELECT MAX(number) FROM pipelines_run WHERE pipeline_id = %s"
 _TREE_ID_TAKEN = "SELECT MAX(tree_id) FROM records_record"
-
-
-@functools.cache
-def _row_numbered_sql() -> str:
-    return (
-        f"SELECT {select_columns(Pipeline, 'p')}, {select_columns(Revision, 'v')}, "  # noqa: S608 - names from the models
-        f"nextval(to_regclass('pipelines_run_number_' || p.id)), nextval(to_regclass('{TREE_ID_SEQUENCE}')) "
-        "FROM pipelines_pipeline p LEFT JOIN pipelines_revision v ON v.id = p.revision_id WHERE p.name = %s"
-    )
+# A new run's number and its tree's id, drawn with the pipeline's row (NULL while a sequence
+# is not made yet, as ``sequences_next`` reads them).
+_NUMBERS_DRAWN = (
+    "nextval(to_regclass('pipelines_run_number_' || pipelines_pipeline.id)), "
+    f"nextval(to_regclass('{TREE_ID_SEQUENCE}'))"
+)
 
 
 def run_number_next(row: Pipeline) -> int:
