@@ -29,6 +29,7 @@ Last line: ``p50_ms=<x> p95_ms=<y> celery_p50_ms=<z> ratio_vs_celery=<x/z>``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -57,8 +58,6 @@ class Hints:
     sample, Graphene's or Celery's, is measured."""
 
     def __init__(self) -> None:
-        import asyncio
-
         from channels.layers import get_channel_layer
 
         self.loop = asyncio.new_event_loop()  # one loop: the layer keeps its connections per loop
@@ -67,8 +66,6 @@ class Hints:
         self.loop.run_until_complete(self.layer.group_add("runs", self.channel))
 
     def wait_last(self, run_id: str, status: str, timeout: float = 60) -> None:
-        import asyncio
-
         async def last() -> None:
             while True:
                 hint = await self.layer.receive(self.channel)

@@ -55,6 +55,7 @@ class _LeaseRenewer:
                 self._due.clear()
                 threading.Thread(target=self._serve, name="run-leases", daemon=True).start()
                 self._pid = os.getpid()
+            # No wake-up needed: the thread's wait ends no later than this new due time.
             self._due[execution] = time.monotonic() + settings.GRAPHENE_RUN_LEASE_SECONDS / 3
 
     def remove(self, execution: Execution) -> None:

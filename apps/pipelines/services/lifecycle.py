@@ -51,7 +51,8 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
     if is_postgresql():  # a queued run, most often: one statement
         token = uuid.uuid4()
         expires = now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS)
-        taken = run_take_queued(run_id=run_id, token=token, expires_at=expires, worker_id=workers.current_worker_id())
+        worker = workers.current_worker_id()
+        taken = run_take_queued(run_id=run_id, token=token, now=now, expires_at=expires, worker_id=worker)
         if taken is not None:
             return taken, token
     with transaction.atomic():

@@ -108,7 +108,9 @@ def _run_lock_sql(*, with_root: bool) -> str:
     )
 
 
-def run_take_queued(*, run_id: Any, token: uuid.UUID, expires_at: datetime, worker_id: uuid.UUID | None) -> Run | None:
+def run_take_queued(
+    *, run_id: Any, token: uuid.UUID, now: datetime, expires_at: datetime, worker_id: uuid.UUID | None
+) -> Run | None:
     """PostgreSQL: a queued run moves to ``running`` under lease ``token`` in one statement
     (no lock taken first, no transaction of its own): the status, the attempt, its
     ``RunEvent`` (``Started`` the first time, else ``Continued``) and the ``HeldLease`` row of
@@ -116,8 +118,8 @@ def run_take_queued(*, run_id: Any, token: uuid.UUID, expires_at: datetime, work
     the lease row and the commit were a round trip each.
 
     None, changing nothing, when the run is not queued, or when its last event says its worker
-    was lost (``WorkerLost``: the move says where it resumes; ``run_lease_acquire`` decides it)."""
-    now = timezone.now()
+    was lost (``WorkerLost``: the move says where it resumes; ``run_lease_acquire`` decides it).
+    ``now`` stamps the move, its event and the lease row."""
     params = {"id": run_id, "now": now, "token": token, "expires": expires_at, "worker": worker_id}
     with prepared_cursor() as cursor:
         cursor.execute(_take_queued_sql(held=worker_id is not None), params)
