@@ -127,7 +127,9 @@
   // --- depths (trees, waterfalls) -----------------------------------------------------------
   // The page's Content-Security-Policy allows no style= attribute: a depth comes as data-level
   // or data-depth and becomes the CSS variable the stylesheet indents by (set through the
-  // CSSOM, which the policy allows), on the page and on every fragment htmx swaps in.
+  // CSSOM, which the policy allows), on the page and on every node added to it. A mutation
+  // observer runs before the browser paints or runs anything else, so a fragment htmx swaps in
+  // is never shown (or read) unindented; htmx's own load event comes only after its settle delay.
 
   function indent(root) {
     const each = (selector, apply) => {
@@ -138,11 +140,16 @@
     each("[data-depth]", (el) => el.style.setProperty("--depth", el.dataset.depth));
   }
 
-  if (window.htmx) {
-    window.htmx.onLoad(indent); // the page itself (document.body) first, then each swap
-  } else {
-    document.addEventListener("DOMContentLoaded", () => indent(document.body));
+  function indentAdded(mutations) {
+    mutations.forEach((mutation) => mutation.addedNodes.forEach((node) => {
+      if (node.nodeType === Node.ELEMENT_NODE) indent(node);
+    }));
   }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    indent(document.body);
+    new MutationObserver(indentAdded).observe(document.body, { childList: true, subtree: true });
+  });
 
   document.addEventListener("DOMContentLoaded", () => {
     startHints();
