@@ -360,9 +360,11 @@ GRAPHENE_CREATE_ATTEMPTS = env.integer("GRAPHENE_CREATE_ATTEMPTS", 5)
 # whose worker is lost (GRAPHENE_WORKER_HEARTBEAT_SECONDS below) is re-enqueued at once; this
 # lease is the net for lost messages and for holders without a heartbeat.
 GRAPHENE_OPERATION_LEASE_SECONDS = env.integer("GRAPHENE_OPERATION_LEASE_SECONDS", 120)
-# Records deleted by one task (records whose children are all gone; siblings kept together).
-# Per-batch costs dominate cheap deletes: 25 gave ~600 records/s, 100 ~1,090 (2 cores).
-GRAPHENE_DELETE_BATCH = env.integer("GRAPHENE_DELETE_BATCH", 100)
+# The most records one deletion task takes (records whose children are all gone; siblings kept
+# together; a frontier of more than half of this still goes to two tasks). Per-batch costs
+# dominate cheap deletes (bench/cascade_delete.py, 2 cores): 100 gave 3,100-3,350 records/s,
+# 200 3,500-4,100.
+GRAPHENE_DELETE_BATCH = env.integer("GRAPHENE_DELETE_BATCH", 200)
 # Drift: the scheduler claims at most this many due records per tick, in batches of this size.
 GRAPHENE_OBSERVE_SCAN_LIMIT = env.integer("GRAPHENE_OBSERVE_SCAN_LIMIT", 5000)
 GRAPHENE_OBSERVE_BATCH = env.integer("GRAPHENE_OBSERVE_BATCH", 200)

@@ -357,6 +357,20 @@ def test_a_batch_of_slow_deletes_runs_them_side_by_side(
     assert elapsed < 1.6, f"six 400 ms deletes took {elapsed:.2f}s"
 
 
+@pytest.mark.parametrize(
+    ("count", "sizes"),
+    [(0, []), (1, [1]), (100, [100]), (101, [51, 50]), (200, [100, 100]), (399, [200, 199]), (401, [134, 134, 133])],
+)
+def test_a_frontier_goes_out_in_even_batches_and_two_once_it_is_over_half_a_batch(
+    settings: Any, count: int, sizes: list[int]
+) -> None:
+    settings.GRAPHENE_DELETE_BATCH = 200
+    ids = [f"r{i}" for i in range(count)]
+    batches = transitions.deletion_batches(ids)
+    assert [len(batch) for batch in batches] == sizes
+    assert [pk for batch in batches for pk in batch] == ids, "every id once, in the order given"
+
+
 def test_declaring_under_an_owner_being_deleted_is_refused(django_capture_on_commit_callbacks: Any) -> None:
     owner = factories.run()
     with django_capture_on_commit_callbacks(execute=False):
