@@ -95,8 +95,10 @@ class Bench:
 
 
 @contextlib.contextmanager
-def bench_environment(name: str, *, redis_db: int) -> Iterator[Bench]:
+def bench_environment(name: str, *, redis_db: int, data_parent: str | None = None) -> Iterator[Bench]:
     """Set up the isolated environment, ``django.setup()`` + migrate, and clean up afterwards.
+    ``data_parent``: where the data directory (and the test world in it) is made; the system's
+    temporary directory by default.
 
     The Redis db can be overridden with ``GRAPHENE_BENCH_REDIS_DB``; keys this run creates in it
     are deleted at the end (keys that were there before are left alone).
@@ -106,7 +108,7 @@ def bench_environment(name: str, *, redis_db: int) -> Iterator[Bench]:
         redis_db=int(os.environ.get("GRAPHENE_BENCH_REDIS_DB", redis_db)),
         db_name=f"graphene_bench_{name}",
         queue=f"graphene-bench-{name}-{uuid.uuid4().hex[:8]}",
-        data_dir=Path(tempfile.mkdtemp(prefix=f"graphene-bench-{name}-")),
+        data_dir=Path(tempfile.mkdtemp(prefix=f"graphene-bench-{name}-", dir=data_parent)),
     )
     os.environ.update(bench.env())
     import redis
