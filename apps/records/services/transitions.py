@@ -448,8 +448,8 @@ def deletion_batches(ids: list[str]) -> list[list[str]]:
     """``ids`` in consecutive batches of at most ``GRAPHENE_DELETE_BATCH``, as even as they
     come, and at least two once there are more than half a batch: every batch costs its task
     a claim, a finish and two commits whatever its size (bench/cascade_delete.py: 200 a batch
-    deleted a fifth faster than 100), while a few hundred slow deletes (containers) still go to
-    two workers rather than wait on one batch's threads."""
+    deleted about a sixth faster than 100), while a few hundred slow deletes (containers) still
+    go to two tasks, which two worker processes take, rather than wait on one batch's threads."""
     if not ids:
         return []
     size = max(1, settings.GRAPHENE_DELETE_BATCH)
