@@ -7,14 +7,17 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery.app.task import Task
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from apps.core.models import AuditEntry
+from apps.core import workers
+from apps.core.models import AuditEntry, HeldLease
 from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Run, RunEvent
@@ -116,6 +119,27 @@ def test_a_run_sent_before_its_start_commits_is_executed_once_committed_and_drop
         assert isinstance(started[0], _RollBack), started
         assert taken == [None], "a run that was never committed is not there to take"
         assert not Run.objects.filter(pk=run_id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_notes_a_run_lease_under_one_subject_however_it_took_it() -> None:
+    """A queued run's lease (one statement) and a lease taken over (the locked path) are both
+    noted as held by this worker, under the same words: a takeover finds either."""
+    workers.heartbeat_start()
+    try:
+        queued = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+        taken = services.run_lease_acquire(run_id=queued.pk)
+        stalled = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+        assert services.run_lease_acquire(run_id=stalled.pk) is not None
+        Run.objects.filter(pk=stalled.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        taken_over = services.run_lease_acquire(run_id=stalled.pk)
+        assert taken is not None
+        assert taken_over is not None
+        assert RunEvent.objects.filter(run=stalled).last().reason == "LeaseTakenOver"  # type: ignore[union-attr]
+        held = dict(HeldLease.objects.filter(token__in=[taken[1], taken_over[1]]).values_list("token", "subject"))
+        assert held == {taken[1]: f"run {queued.pk}", taken_over[1]: f"run {stalled.pk}"}
+    finally:
+        workers.heartbeat_stop()
 
 
 def _waiting_on_an_advisory_lock() -> bool:

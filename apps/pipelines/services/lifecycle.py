@@ -26,6 +26,7 @@ from apps.pipelines.models import Pipeline, Run, RunEvent, RunWait
 from apps.pipelines.services import triggers
 from apps.pipelines.services.definitions import definition_for_run
 from apps.pipelines.services.transitions import (
+    RUN_LEASE_SUBJECT,
     Actor,
     run_enqueue_on_commit,
     run_lock,
@@ -97,7 +98,7 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
                 "wake_at": None,
             },
         )
-        workers.lease_hold(token=token, subject=f"run {run.pk}")
+        workers.lease_hold(token=token, subject=f"{RUN_LEASE_SUBJECT}{run.pk}")
     return run, token
 
 

@@ -42,6 +42,10 @@ Actor = AbstractBaseUser | AnonymousUser | None
 
 logger = logging.getLogger(__name__)
 
+# What a worker's ``HeldLease`` row says it holds for a run's lease: this, then the run's id
+# (``workers.lease_hold`` on the locked path, ``run_take_queued``'s statement on the other).
+RUN_LEASE_SUBJECT = "run "
+
 
 class IllegalRunTransition(GrapheneError):
     code = "illegal_transition"
@@ -120,7 +124,14 @@ def run_take_queued(
     None, changing nothing, when the run is not queued, or when its last event says its worker
     was lost (``WorkerLost``: the move says where it resumes; ``run_lease_acquire`` decides it).
     ``now`` stamps the move, its event and the lease row."""
-    params = {"id": run_id, "now": now, "token": token, "expires": expires_at, "worker": worker_id}
+    params = {
+        "id": run_id,
+        "now": now,
+        "token": token,
+        "expires": expires_at,
+        "worker": worker_id,
+        "subject": RUN_LEASE_SUBJECT,
+    }
     with prepared_cursor() as cursor:
         cursor.execute(_take_queued_sql(held=worker_id is not None), params)
         row = cursor.fetchone()
@@ -138,7 +149,7 @@ def _take_queued_sql(*, held: bool) -> str:
     # first: the first lease is the one that makes it 1.
     held_lease = (
         ", h AS (INSERT INTO core_heldlease (token, worker_id, subject, taken_at) "
-        "SELECT %(token)s, %(worker)s, 'run ' || u.id, %(now)s FROM u)"
+        "SELECT %(token)s, %(worker)s, %(subject)s || u.id, %(now)s FROM u)"
         if held
         else ""
     )
