@@ -4,7 +4,8 @@ import math
 import os
 import time
 import weakref
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.signals import (
@@ -15,6 +16,9 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "graphene_project.settings.dev")
 
@@ -31,27 +35,36 @@ HEALTHY_FOR_SECONDS = 1.0
 _task_ended: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 
 
-@task_prerun.connect
-@task_postrun.connect
-def _recycle_db_connections(signal: Any = None, **_: object) -> None:
+def _idle_connections() -> Iterator["BaseDatabaseWrapper"]:
     """What Django does around each request (signal receivers justify themselves here: Celery
     offers no other hook around every task): drop connections that are broken or older than
-    CONN_MAX_AGE, since Celery no longer closes them after each task (CELERY_DB_REUSE_MAX)."""
+    CONN_MAX_AGE, since Celery no longer closes them after each task (CELERY_DB_REUSE_MAX).
+    The open connections left, outside a transaction."""
     from django.db import connections
 
-    now = time.monotonic()
     for conn in connections.all(initialized_only=True):
         # Inside a transaction (an eagerly run task in a test, a task called from a service)
         # the connection is in use: leave it alone.
         if conn.in_atomic_block:
             continue
         conn.close_if_unusable_or_obsolete()
-        if conn.connection is None:
-            continue
-        if signal is task_postrun:
-            _task_ended[conn] = now
-        elif now - _task_ended.get(conn, -math.inf) < HEALTHY_FOR_SECONDS:
+        if conn.connection is not None:
+            yield conn
+
+
+@task_prerun.connect
+def _connections_before_task(**_: object) -> None:
+    now = time.monotonic()
+    for conn in _idle_connections():
+        if now - _task_ended.get(conn, -math.inf) < HEALTHY_FOR_SECONDS:
             conn.health_check_done = True  # type: ignore[attr-defined]  # Django's own flag: checked already
+
+
+@task_postrun.connect
+def _connections_after_task(**_: object) -> None:
+    now = time.monotonic()
+    for conn in _idle_connections():
+        _task_ended[conn] = now
 
 
 # The audit context of each task: task id -> the token that restores the one before.
