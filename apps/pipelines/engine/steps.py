@@ -38,19 +38,26 @@ class _StepThreads:
         self._idle: list[ThreadPoolExecutor] = []
         self._pid = os.getpid()
 
+    def _here(self) -> list[ThreadPoolExecutor]:
+        """The idle executors of this process (under the lock): none after a fork, since those
+        made before it have no thread here."""
+        if self._pid != os.getpid():
+            self._idle, self._pid = [], os.getpid()
+        return self._idle
+
     def take(self) -> ThreadPoolExecutor:
         with self._lock:
-            if self._pid == os.getpid() and self._idle:
-                return self._idle.pop()
+            idle = self._here()
+            if idle:
+                return idle.pop()
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="step")
 
     def give_back(self, pool: ThreadPoolExecutor) -> None:
         pool.submit(connections.close_all)
         with self._lock:
-            if self._pid != os.getpid():  # executors made before a fork have no thread here
-                self._idle, self._pid = [], os.getpid()
-            if len(self._idle) < self.keep:
-                self._idle.append(pool)
+            idle = self._here()
+            if len(idle) < self.keep:
+                idle.append(pool)
                 return
         pool.shutdown(wait=False)
 
