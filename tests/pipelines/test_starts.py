@@ -89,32 +89,49 @@ class _RollBack(BaseException):
 def test_a_run_sent_before_its_start_commits_is_executed_once_committed_and_dropped_if_not(
     monkeypatch: pytest.MonkeyPatch, commits: bool
 ) -> None:
-    """A parallel start sends its run to a worker before its commit: a worker that finds no
-    run yet waits for the start's transaction, then takes the run, or nothing if it rolled back."""
+    """A parallel start sends its run to a worker as soon as its first statement holds the
+    run's start lock, before the run's rows are written: a worker that comes meanwhile waits
+    for the start's transaction and takes the run in the same round trip (no second try, no
+    locked path), or nothing if it rolled back."""
     services.run_start(pipeline_name="sample.noop", inputs={"steps": 0}, idempotency_key="row")  # its row, numbers
-    sent: list[str] = []
+    sent: list[tuple[str, bool]] = []
     release = threading.Event()
 
     def apply_async(task: Task, args: Any = None, kwargs: Any = None, **options: Any) -> None:
-        sent.append(args[0])  # inside the start's transaction: hold it open until released
-        release.wait(timeout=30)
+        # Inside the start's transaction (its connection): nothing of the run written yet.
+        sent.append((args[0], Run.objects.filter(pk=args[0]).exists()))
+        release.wait(timeout=30)  # hold the transaction open until released
         if not commits:
             raise _RollBack
 
+    def take(run_id: str) -> tuple[Run, uuid.UUID] | None:
+        with CaptureQueriesContext(connection) as queries:
+            taken = services.run_lease_acquire(run_id=run_id)
+        statements.extend(q["sql"] for q in queries.captured_queries)
+        return taken
+
+    statements: list[str] = []
     monkeypatch.setattr(Task, "apply_async", apply_async)
     starter, started = _in_thread(lambda: services.run_start(pipeline_name="sample.noop", inputs={"steps": 0}))
-    run_id = wait_for(lambda: sent, timeout=20, what="the start to send its run")[0]
-    taker, taken = _in_thread(lambda: services.run_lease_acquire(run_id=run_id))  # type: ignore[arg-type,return-value]
+    run_id, written = wait_for(lambda: sent, timeout=20, what="the start to send its run")[0]
+    assert not written, "the run was sent before its rows were written"
+    taker, taken = _in_thread(lambda: take(run_id))  # type: ignore[arg-type,return-value]
     wait_for(_waiting_on_an_advisory_lock, timeout=20, what="the worker to wait for the start's transaction")
     assert not taken
     release.set()
     starter.join(timeout=20)
     taker.join(timeout=20)
+    assert len(statements) == 2, statements  # the wait for the start's lock, then the take
+    assert "pg_advisory_xact_lock" in statements[0], statements
     if commits:
         assert isinstance(started[0], Run), started
         assert taken[0] is not None, "the committed run was taken"
         run, _token = taken[0]
         assert (str(run.pk), run.status) == (run_id, RunStatus.RUNNING)
+        assert list(RunEvent.objects.filter(run=run).order_by("id").values_list("reason", flat=True)) == [
+            "Started",
+            "Started",
+        ]
     else:
         assert isinstance(started[0], _RollBack), started
         assert taken == [None], "a run that was never committed is not there to take"
@@ -225,8 +242,9 @@ def test_a_parallel_start_whose_number_sequence_is_gone_numbers_after_the_highes
 @pytest.mark.django_db(transaction=True)
 def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_needs() -> None:
     """A queued run's move to running, its event and its pipeline's and revision's rows come
-    from one statement, outside any transaction of its own; a run that is not queued is locked
-    and read first (one read, one write), and a run held already is not taken."""
+    from one statement, outside any transaction of its own, sent with the wait for its start's
+    lock (free here) in one round trip; a run that is not queued is locked and read first (one
+    read, one write), and a run held already is not taken."""
     run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
     with CaptureQueriesContext(connection) as queries:
         acquired = services.run_lease_acquire(run_id=run.pk)
@@ -234,8 +252,9 @@ def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_n
         taken, token = acquired
         named = (taken.pipeline.name, taken.revision, services.definition_for_run(taken).name)
     statements = [q["sql"] for q in queries.captured_queries]
-    assert len(statements) == 1, statements
-    assert "UPDATE pipelines_run" in statements[0], statements
+    assert len(statements) == 2, statements
+    assert "pg_advisory_xact_lock" in statements[0], statements
+    assert "UPDATE pipelines_run" in statements[1], statements
     assert named == ("sample.noop", None, "sample.noop")
     assert (taken.status, taken.lease_token, taken.attempt) == (RunStatus.RUNNING, token, 1)
     fresh = Run.objects.get(pk=run.pk)
@@ -254,8 +273,8 @@ def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_n
     with CaptureQueriesContext(connection) as queries:
         assert services.run_lease_acquire(run_id=run.pk) is None  # held: nothing to take
     statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 2, statements
-    assert "FOR NO KEY UPDATE" in statements[1], statements
+    assert len(statements) == 3, statements
+    assert "FOR NO KEY UPDATE" in statements[2], statements
     assert Run.objects.get(pk=run.pk).lease_token == token
     with pytest.raises(Run.DoesNotExist), transaction.atomic():
         services.run_lock(uuid.uuid4())  # no such run

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -63,12 +64,14 @@ def _pipeline_row(name: str, *, lock: bool = False) -> Pipeline | None:
     return found[0] if found is not None else None
 
 
-def pipeline_row_with(name: str, extra: str = "", *, lock: bool = False) -> tuple[Pipeline, tuple[Any, ...]] | None:
+def pipeline_row_with(
+    name: str, extra: str = "", params: Sequence[Any] = (), *, lock: bool = False
+) -> tuple[Pipeline, tuple[Any, ...]] | None:
     """PostgreSQL: ``_pipeline_row``'s statement, with the values of the SQL expressions
-    ``extra`` (a select list; the pipeline's table is named as itself) read in it: the row and
-    those values, or None when there is no such pipeline."""
+    ``extra`` (a select list with placeholders for ``params``; the pipeline's table is named as
+    itself) read in it: the row and those values, or None when there is no such pipeline."""
     with prepared_cursor() as cursor:
-        cursor.execute(_pipeline_row_sql(lock, extra), [name])
+        cursor.execute(_pipeline_row_sql(lock, extra), [*params, name])
         found = cursor.fetchone()
     if found is None:
         return None

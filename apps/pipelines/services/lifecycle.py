@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from apps.agents.models import AgentCommand
 from apps.core import domain, workers
-from apps.core.db import advisory_xact_lock, is_postgresql, prepared_cursor, uuid_array
+from apps.core.db import is_postgresql, prepared_cursor, uuid_array
 from apps.core.errors import Conflict, GrapheneError
 from apps.observability import metrics
 from apps.pipelines.choices import ACTIVE, NOT_ENDED, TERMINAL, RunStatus
@@ -31,7 +31,6 @@ from apps.pipelines.services.transitions import (
     run_enqueue_on_commit,
     run_lock,
     run_lock_or_none,
-    run_start_lock_key,
     run_take_queued,
     run_transition,
 )
@@ -54,16 +53,13 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
         expires = now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS)
         worker = workers.current_worker_id()
         taken = run_take_queued(run_id=run_id, token=token, now=now, expires_at=expires, worker_id=worker)
-        if taken is not None:
+        if taken is False:  # its start rolled back
+            return None
+        if taken is not True:
             return taken, token
     with transaction.atomic():
         # With its pipeline's row (not locked): the execution needs its name and policies.
         run = run_lock_or_none(run_id)
-        if run is None and is_postgresql():
-            # Perhaps sent before the transaction creating it committed: once that transaction
-            # has ended (its lock is free), the run is there, or will never be.
-            advisory_xact_lock(run_start_lock_key(run_id))
-            run = run_lock_or_none(run_id)
         if run is None:
             return None
         expired = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -66,23 +67,31 @@ def _create_run(
     cause: dict[str, Any] | None = None,
     trigger: Trigger | None = None,
     numbers: tuple[int, int] | None = None,
+    run_id: uuid.UUID | None = None,
     send_first: bool = False,
+    sent: bool = False,
 ) -> Run:
     """``send_first`` (PostgreSQL): nothing is left of the caller's transaction but its commit;
-    a queued run is sent to a worker before it (``run_enqueue_before_commit``)."""
+    a queued run is sent to a worker before it (``run_enqueue_before_commit``), unless ``sent``:
+    the run ``run_id`` went to a worker already, under ``run_start_lock_key(run_id)`` taken by
+    the transaction's first statement."""
     pg = is_postgresql()
-    send_first = send_first and pg and status == RunStatus.QUEUED
+    send_first = send_first and pg and status == RunStatus.QUEUED and not sent
     if pg:  # the run's number and its tree's in one round trip (or drawn with the pipeline's row)
         number, tree_id = numbers or _numbers_next(row)
         root, root_event = records.run_root_rows(
-            name=f"{row.name}#{number}", namespace=row.namespace, tree_id=tree_id, actor=actor
+            record_id=run_id or uuid.uuid4(),
+            name=f"{row.name}#{number}",
+            namespace=row.namespace,
+            tree_id=tree_id,
+            actor=actor,
         )
     else:
         number = run_number_next(row)
         root = records.record_create_root(
             kind="graphene.run", name=f"{row.name}#{number}", namespace=row.namespace, actor=actor
         )
-    if status == RunStatus.QUEUED and not send_first:
+    if status == RunStatus.QUEUED and not send_first and not sent:
         # Before the run's own notifications: after the commit a worker is told first, watchers next.
         run_enqueue_on_commit(root.pk)
     deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
@@ -140,21 +149,24 @@ def _numbers_next(row: Pipeline) -> tuple[int, int]:
 
 
 def _start_row(
-    definition: Definition[Any, Any], *, seen: Pipeline | None, turns: bool
-) -> tuple[Pipeline, tuple[int, int] | None]:
+    definition: Definition[Any, Any], *, seen: Pipeline | None, turns: bool, lock: int | None
+) -> tuple[Pipeline, tuple[int, int] | None, bool]:
     """The pipeline's row for a start (``pipeline_sync``; locked when the start ``turns``), and,
     for a ``parallel`` start on PostgreSQL whose row was not read yet, the new run's number and
-    its tree's id drawn in the statement that reads it: one round trip fewer on every start."""
+    its tree's id drawn in the statement that reads it: one round trip fewer on every start.
+    That statement takes the advisory lock ``lock`` too, when given: the last value says it did."""
     if turns or seen is not None or not is_postgresql():
-        return pipeline_sync(definition, row=None if turns else seen, lock=turns), None
-    found = pipeline_row_with(definition.name, _NUMBERS_DRAWN)
+        return pipeline_sync(definition, row=None if turns else seen, lock=turns), None, False
+    found = pipeline_row_with(
+        definition.name, *((_NUMBERS_DRAWN,) if lock is None else (_NUMBERS_DRAWN_LOCKED, [lock]))
+    )
     if found is None:  # its first start: the row is made
-        return pipeline_sync(definition), None
-    row, (number, tree_id) = found
+        return pipeline_sync(definition), None, False
+    row, (number, tree_id, *_) = found
     row = pipeline_sync(definition, row=row)
     if number is None or tree_id is None:  # a sequence is made on first use
-        return row, _numbers_next(row)
-    return row, (int(number), int(tree_id))
+        return row, _numbers_next(row), lock is not None
+    return row, (int(number), int(tree_id)), lock is not None
 
 
 _RUN_NUMBER_TAKEN = "SELECT MAX(number) FROM pipelines_run WHERE pipeline_id = %s"
@@ -165,6 +177,7 @@ _NUMBERS_DRAWN = (
     "nextval(to_regclass('pipelines_run_number_' || pipelines_pipeline.id)), "
     f"nextval(to_regclass('{TREE_ID_SEQUENCE}'))"
 )
+_NUMBERS_DRAWN_LOCKED = f"{_NUMBERS_DRAWN}, pg_advisory_xact_lock(%s::bigint)"
 
 
 def run_number_next(row: Pipeline) -> int:
@@ -264,11 +277,16 @@ def run_start(
     turns = definition.concurrency in TAKES_TURNS
     row: Pipeline | None = None
     outermost = not connection.in_atomic_block  # its commit ends the start
+    run_id = uuid.uuid4()
+    # A parallel start that is its own transaction sends its run to a worker as soon as its
+    # first statement holds the run's start lock (``run_enqueue_before_commit``): the message's
+    # way to the worker overlaps the rows' making, their writing and the commit.
+    lock = run_start_lock_key(run_id) if outermost and not turns and is_postgresql() else None
     try:
         with transaction.atomic():
             while True:
                 # Unlocked, the row just read serves (read again, it would be no fresher).
-                row, numbers = _start_row(definition, seen=seen, turns=turns)
+                row, numbers, locked = _start_row(definition, seen=seen, turns=turns, lock=lock)
                 pinned = revision or row.revision
                 if pinned is not None and revision is None:
                     # The revision active now (activation may have moved it since ``definition_get``).
@@ -284,6 +302,9 @@ def run_start(
             looks_up = trigger is None or turns
             if idempotency_key is not None and looks_up and (earlier := _replay(row, idempotency_key, clean)):
                 return earlier
+            sent = locked and not turns
+            if sent:
+                run_enqueue_before_commit(run_id)
             status, reason = RunStatus.QUEUED, "Started"
             if definition.concurrency == "queue":
                 waiting = Run.objects.filter(pipeline=row, parent_run__isnull=True, status=RunStatus.WAITING).count()
@@ -316,8 +337,10 @@ def run_start(
                 cause=cause,
                 trigger=trigger,
                 numbers=numbers,
+                run_id=run_id,
                 # A parallel start's transaction ends with the run: the worker may hear of it first.
                 send_first=outermost and not turns,
+                sent=sent,
             )
     except IntegrityError:
         # A concurrent start with this key committed first (``parallel``: nothing serialized the two).

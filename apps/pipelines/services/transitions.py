@@ -5,7 +5,7 @@ The caller locks the run's row first (``run_lock``) and decides under that lock;
 transition then writes the move it decided (a queued run's lease is the exception: one
 statement decides and writes it, ``run_take_queued``). Celery carries run ids;
 ``run_enqueue_on_commit`` sends one once the transaction that queued the run commits, and
-``run_enqueue_before_commit`` just before a start's commit.
+``run_enqueue_before_commit`` from inside a start's transaction, under the run's start lock.
 """
 
 from __future__ import annotations
@@ -114,16 +114,22 @@ def _run_lock_sql(*, with_root: bool) -> str:
 
 def run_take_queued(
     *, run_id: Any, token: uuid.UUID, now: datetime, expires_at: datetime, worker_id: uuid.UUID | None
-) -> Run | None:
+) -> Run | bool:
     """PostgreSQL: a queued run moves to ``running`` under lease ``token`` in one statement
-    (no lock taken first, no transaction of its own): the status, the attempt, its
+    (no row lock taken first, no transaction of its own): the status, the attempt, its
     ``RunEvent`` (``Started`` the first time, else ``Continued``) and the ``HeldLease`` row of
     ``worker_id`` (when given). Every run's start waits for it; the lock, the move, the event,
     the lease row and the commit were a round trip each.
 
-    None, changing nothing, when the run is not queued, or when its last event says its worker
-    was lost (``WorkerLost``: the move says where it resumes; ``run_lease_acquire`` decides it).
-    ``now`` stamps the move, its event and the lease row."""
+    The run may have been sent before its start committed (``run_enqueue_before_commit``):
+    a statement before the move waits for the start's lock (free at once when that start has
+    ended), sent with it in one round trip, so that the move follows the commit without a word
+    from this process in between, and reads the run as it is then.
+
+    Changing nothing, whether the run is there (``True``: it is not queued, or its last event
+    says its worker was lost, ``WorkerLost``, and the move must say where it resumes:
+    ``run_lease_acquire`` decides it) or not (``False``: its start rolled back, or it was
+    deleted). ``now`` stamps the move, its event and the lease row."""
     params = {
         "id": run_id,
         "now": now,
@@ -132,15 +138,20 @@ def run_take_queued(
         "worker": worker_id,
         "subject": RUN_LEASE_SUBJECT,
     }
-    with prepared_cursor() as cursor:
+    # In psycopg's pipeline mode errors surface when it syncs, past the cursor's own wrapper.
+    with prepared_cursor() as cursor, connection.wrap_database_errors, connection.connection.pipeline():
+        cursor.execute(_START_WAIT, [run_start_lock_key(run_id)])
         cursor.execute(_take_queued_sql(held=worker_id is not None), params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
+        *row, there = cursor.fetchone()
     run, pipeline, revision = models_from_row((Run, Pipeline, Revision), row)
+    if run is None:
+        return bool(there)
     run.pipeline, run.revision = pipeline, revision
     _publish(run)
     return run
+
+
+_START_WAIT = "SELECT pg_advisory_xact_lock(%s::bigint)"
 
 
 @functools.cache
@@ -170,8 +181,11 @@ def _take_queued_sql(*, held: bool) -> str:
             jsonb_build_object('attempt', u.attempt), NULL, %(now)s
         FROM u
     ){held_lease}
-    SELECT {select_columns(Run, "u")}, {select_columns(Pipeline, "p")}, {select_columns(Revision, "v")}
-    FROM u JOIN pipelines_pipeline p ON p.id = u.pipeline_id LEFT JOIN pipelines_revision v ON v.id = u.revision_id
+    SELECT {select_columns(Run, "u")}, {select_columns(Pipeline, "p")}, {select_columns(Revision, "v")},
+        EXISTS (SELECT 1 FROM pipelines_run r WHERE r.id = %(id)s)
+    FROM (VALUES (1)) AS one LEFT JOIN (
+        u JOIN pipelines_pipeline p ON p.id = u.pipeline_id LEFT JOIN pipelines_revision v ON v.id = u.revision_id
+    ) ON true
     """  # noqa: S608 - names from the models
 
 
@@ -194,18 +208,19 @@ def run_enqueue_on_commit(run_id: Any, countdown: float = 0) -> None:
 
 
 def run_start_lock_key(run_id: Any) -> int:
-    """The advisory lock that the transaction creating a run holds when it sent the run to a
-    worker before committing (``run_enqueue_before_commit``)."""
+    """The advisory lock that the transaction creating a run holds when it sends the run to a
+    worker before committing (``run_enqueue_before_commit``); a worker's take of a queued run
+    waits for it (``run_take_queued``)."""
     return lock_key(f"run-start:{uuid.UUID(str(run_id))}")
 
 
 def run_enqueue_before_commit(run_id: Any) -> None:
-    """Send the run to a worker now, from the transaction creating it, when all that is left of
-    that transaction is its commit: the commit and the message's way to a worker overlap. The
-    transaction holds ``run_start_lock_key(run_id)``: a worker that finds no such run waits for
-    that lock and looks again (``run_lease_acquire``), so it executes the run once committed and
-    drops the message if the transaction rolled back. A task that would run eagerly, here and
-    now (tests), is sent on commit as ever."""
+    """Send the run to a worker now, from the transaction creating it, which holds
+    ``run_start_lock_key(run_id)`` already and whose end is its commit: the message's way to a
+    worker overlaps the rest of the transaction (the run's rows, their writing, the commit). The
+    worker's take waits for that lock and then reads the run (``run_take_queued``), so it
+    executes the run once committed and drops the message if the transaction rolled back. A
+    task that would run eagerly, here and now (tests), is sent on commit as ever."""
     from apps.pipelines.tasks import run_execute_task
 
     if run_execute_task.app.conf.task_always_eager:

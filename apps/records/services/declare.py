@@ -5,6 +5,7 @@ exists outside (I1), and a re-declaration that becomes the next generation."""
 from __future__ import annotations
 
 import functools
+import uuid
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -143,13 +144,16 @@ def record_ensure_root(*, kind: str, name: str, namespace: str = "default") -> R
         )
 
 
-def run_root_rows(*, name: str, namespace: str, tree_id: int, actor: Actor = None) -> tuple[Record, Event]:
-    """A run's root (the top of tree ``tree_id``, numbered by the caller from the tree id
-    sequence) and its ``Created`` event, unsaved: for a run start that writes them in the
-    statement that writes the run (``run_root_written`` once it has)."""
+def run_root_rows(
+    *, record_id: uuid.UUID, name: str, namespace: str, tree_id: int, actor: Actor = None
+) -> tuple[Record, Event]:
+    """A run's root ``record_id`` (the top of tree ``tree_id``, numbered by the caller from
+    the tree id sequence) and its ``Created`` event, unsaved: for a run start that writes them
+    in the statement that writes the run (``run_root_written`` once it has)."""
     validation.check_text(name, field="name")
     validation.check_text(namespace, field="namespace")
     record = _root(kind="graphene.run", name=name, namespace=namespace, spec={}, labels={}, phase=Phase.READY)
+    record.id = record_id
     record.tree_id, record.lft, record.rght, record.level = tree_id, 1, 2, 0  # alone in its tree
     return record, _root_created(record, actor=actor)
 
