@@ -243,8 +243,9 @@ def test_a_parallel_start_whose_number_sequence_is_gone_numbers_after_the_highes
 def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_needs() -> None:
     """A queued run's move to running, its event and its pipeline's and revision's rows come
     from one statement, outside any transaction of its own, sent with the wait for its start's
-    lock (free here) in one round trip; a run that is not queued is locked and read first (one
-    read, one write), and a run held already is not taken."""
+    lock (free here) in one round trip, and committed without waiting for the disk (that
+    transaction alone: the worker's next writes wait as ever); a run that is not queued is
+    locked and read first (one read, one write), and a run held already is not taken."""
     run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
     with CaptureQueriesContext(connection) as queries:
         acquired = services.run_lease_acquire(run_id=run.pk)
@@ -254,7 +255,11 @@ def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_n
     statements = [q["sql"] for q in queries.captured_queries]
     assert len(statements) == 2, statements
     assert "pg_advisory_xact_lock" in statements[0], statements
+    assert "set_config('synchronous_commit', 'off', true)" in statements[0], statements
     assert "UPDATE pipelines_run" in statements[1], statements
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('synchronous_commit')")
+        assert cursor.fetchone()[0] == "on", "the take's setting outlived its transaction"
     assert named == ("sample.noop", None, "sample.noop")
     assert (taken.status, taken.lease_token, taken.attempt) == (RunStatus.RUNNING, token, 1)
     fresh = Run.objects.get(pk=run.pk)
@@ -278,6 +283,19 @@ def test_a_queued_runs_lease_is_taken_in_one_statement_with_what_the_execution_n
     assert Run.objects.get(pk=run.pk).lease_token == token
     with pytest.raises(Run.DoesNotExist), transaction.atomic():
         services.run_lock(uuid.uuid4())  # no such run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_taken_inside_a_callers_transaction_leaves_its_commit_waiting_for_the_disk() -> None:
+    """Only a take that is its own transaction commits without waiting for the disk: inside a
+    caller's, whose other writes may need to last, the setting is not touched."""
+    run = services.run_start(pipeline_name="sample.noop", inputs={"steps": 0})
+    with transaction.atomic():
+        assert services.run_lease_acquire(run_id=run.pk) is not None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('synchronous_commit')")
+            assert cursor.fetchone()[0] == "on"
+    assert Run.objects.get(pk=run.pk).status == RunStatus.RUNNING
 
 
 @pytest.mark.django_db(transaction=True)

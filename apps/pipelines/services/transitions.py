@@ -126,6 +126,13 @@ def run_take_queued(
     ended), sent with it in one round trip, so that the move follows the commit without a word
     from this process in between, and reads the run as it is then.
 
+    Its own transaction (not the caller's: none is open) commits without waiting for the WAL
+    to reach the disk (``synchronous_commit`` off, for it alone): a lease is fenced, not kept.
+    Were the server to crash before that write reached the disk (a fraction of a second; any
+    later commit flushes it, the step's first journal write among them), the run would be back
+    to queued as it was before, with nothing of it journaled, and this worker's writes,
+    fenced by ``token``, refused.
+
     Changing nothing, whether the run is there (``True``: it is not queued, or its last event
     says its worker was lost, ``WorkerLost``, and the move must say where it resumes:
     ``run_lease_acquire`` decides it) or not (``False``: its start rolled back, or it was
@@ -139,8 +146,9 @@ def run_take_queued(
         "subject": RUN_LEASE_SUBJECT,
     }
     # In psycopg's pipeline mode errors surface when it syncs, past the cursor's own wrapper.
+    alone = not connection.in_atomic_block
     with prepared_cursor() as cursor, connection.wrap_database_errors, connection.connection.pipeline():
-        cursor.execute(_START_WAIT, [run_start_lock_key(run_id)])
+        cursor.execute(_START_WAIT_ALONE if alone else _START_WAIT, [run_start_lock_key(run_id)])
         cursor.execute(_take_queued_sql(held=worker_id is not None), params)
         *row, there = cursor.fetchone()
     run, pipeline, revision = models_from_row((Run, Pipeline, Revision), row)
@@ -152,6 +160,7 @@ def run_take_queued(
 
 
 _START_WAIT = "SELECT pg_advisory_xact_lock(%s::bigint)"
+_START_WAIT_ALONE = f"{_START_WAIT}, set_config('synchronous_commit', 'off', true)"
 
 
 @functools.cache
