@@ -116,7 +116,7 @@ def run_take_queued(
     *, run_id: Any, token: uuid.UUID, now: datetime, expires_at: datetime, worker_id: uuid.UUID | None
 ) -> Run | bool:
     """PostgreSQL: a queued run moves to ``running`` under lease ``token`` in one statement
-    (no row lock taken first, no transaction of its own): the status, the attempt, its
+    (no row lock taken first, no transaction block around it): the status, the attempt, its
     ``RunEvent`` (``Started`` the first time, else ``Continued``) and the ``HeldLease`` row of
     ``worker_id`` (when given). Every run's start waits for it; the lock, the move, the event,
     the lease row and the commit were a round trip each.
@@ -126,12 +126,13 @@ def run_take_queued(
     ended), sent with it in one round trip, so that the move follows the commit without a word
     from this process in between, and reads the run as it is then.
 
-    Its own transaction (not the caller's: none is open) commits without waiting for the WAL
-    to reach the disk (``synchronous_commit`` off, for it alone): a lease is fenced, not kept.
-    Were the server to crash before that write reached the disk (a fraction of a second; any
-    later commit flushes it, the step's first journal write among them), the run would be back
-    to queued as it was before, with nothing of it journaled, and this worker's writes,
-    fenced by ``token``, refused.
+    Outside a caller's transaction (a worker's case), the move commits without waiting for the
+    WAL to reach the disk (``synchronous_commit`` off, for that commit alone): a lease is
+    fenced, not kept. Were the server to crash before that write reached the disk (a fraction
+    of a second; any later commit flushes it, the step's first journal write among them), the
+    run would be back to queued as it was before, with nothing of it journaled, and this
+    worker's writes, fenced by ``token``, refused. Inside a caller's transaction, whose other
+    writes may need to last, its commit is left as it is.
 
     Changing nothing, whether the run is there (``True``: it is not queued, or its last event
     says its worker was lost, ``WorkerLost``, and the move must say where it resumes:
