@@ -3,9 +3,10 @@
 Graphene: ``run_start`` of the pipeline ``bench.first`` (``bench/_runs_pipelines.py``), whose
 only step pushes ``time.time()`` onto a Redis list when it executes. Latency = that time -
 the time just before ``run_start`` was called. It covers the whole path: input validation,
-the transaction creating the run and its root record, the message sent on commit, the
-worker's dequeue, taking the lease, loading the journal, replaying into the function and
-dispatching the step.
+the transaction creating the run and its root record (whose message to a worker leaves from
+inside it, once its first statement holds the run's start lock), the worker's dequeue,
+taking the lease (after that transaction's commit), loading the journal, replaying into the
+function and dispatching the step.
 
 Celery baseline: ``send_task`` of ``bench.celery_stamp`` (a task whose body only pushes
 ``time.time()`` onto a Redis list) to the same queue, on the same broker, executed by the
