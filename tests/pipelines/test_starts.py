@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from celery.app.task import Task
+from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -118,6 +119,7 @@ def test_a_run_sent_before_its_start_commits_is_executed_once_committed_and_drop
     taker, taken = _in_thread(lambda: take(run_id))  # type: ignore[arg-type,return-value]
     wait_for(_waiting_on_an_advisory_lock, timeout=20, what="the worker to wait for the start's transaction")
     assert not taken
+    released = timezone.now()  # the start commits after this, and the take after that
     release.set()
     starter.join(timeout=20)
     taker.join(timeout=20)
@@ -128,6 +130,10 @@ def test_a_run_sent_before_its_start_commits_is_executed_once_committed_and_drop
         assert taken[0] is not None, "the committed run was taken"
         run, _token = taken[0]
         assert (str(run.pk), run.status) == (run_id, RunStatus.RUNNING)
+        assert run.started_at is not None
+        assert run.lease_expires_at is not None
+        assert released < run.started_at, "the take is stamped when it happened, not when the worker came"
+        assert run.lease_expires_at == run.started_at + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS)
         assert list(RunEvent.objects.filter(run=run).order_by("id").values_list("reason", flat=True)) == [
             "Started",
             "Started",

@@ -50,9 +50,9 @@ def run_lease_acquire(*, run_id: Any) -> tuple[Run, uuid.UUID] | None:
     now = timezone.now()
     if is_postgresql():  # a queued run, most often: one statement
         token = uuid.uuid4()
-        expires = now + timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS)
+        lease = timedelta(seconds=settings.GRAPHENE_RUN_LEASE_SECONDS)
         worker = workers.current_worker_id()
-        taken = run_take_queued(run_id=run_id, token=token, now=now, expires_at=expires, worker_id=worker)
+        taken = run_take_queued(run_id=run_id, token=token, lease=lease, worker_id=worker)
         if taken is False:  # its start rolled back
             return None
         if taken is not True:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -112,9 +112,7 @@ def _run_lock_sql(*, with_root: bool) -> str:
     )
 
 
-def run_take_queued(
-    *, run_id: Any, token: uuid.UUID, now: datetime, expires_at: datetime, worker_id: uuid.UUID | None
-) -> Run | bool:
+def run_take_queued(*, run_id: Any, token: uuid.UUID, lease: timedelta, worker_id: uuid.UUID | None) -> Run | bool:
     """PostgreSQL: a queued run moves to ``running`` under lease ``token`` in one statement
     (no row lock taken first, no transaction block around it): the status, the attempt, its
     ``RunEvent`` (``Started`` the first time, else ``Continued``) and the ``HeldLease`` row of
@@ -137,12 +135,13 @@ def run_take_queued(
     Changing nothing, whether the run is there (``True``: it is not queued, or its last event
     says its worker was lost, ``WorkerLost``, and the move must say where it resumes:
     ``run_lease_acquire`` decides it) or not (``False``: its start rolled back, or it was
-    deleted). ``now`` stamps the move, its event and the lease row."""
+    deleted). The move, its event and the lease row are stamped when the move begins (the
+    database's clock, after the wait: never before the start committed), and the lease ends
+    ``lease`` after that."""
     params = {
         "id": run_id,
-        "now": now,
         "token": token,
-        "expires": expires_at,
+        "lease": lease,
         "worker": worker_id,
         "subject": RUN_LEASE_SUBJECT,
     }
@@ -170,14 +169,15 @@ def _take_queued_sql(*, held: bool) -> str:
     # first: the first lease is the one that makes it 1.
     held_lease = (
         ", h AS (INSERT INTO core_heldlease (token, worker_id, subject, taken_at) "
-        "SELECT %(token)s, %(worker)s, %(subject)s || u.id, %(now)s FROM u)"
+        "SELECT %(token)s, %(worker)s, %(subject)s || u.id, u.updated_at FROM u)"
         if held
         else ""
     )
     return f"""
     WITH u AS (
-        UPDATE pipelines_run r SET status = 'running', updated_at = %(now)s, lease_token = %(token)s,
-            lease_expires_at = %(expires)s, attempt = r.attempt + 1, started_at = COALESCE(r.started_at, %(now)s),
+        UPDATE pipelines_run r SET status = 'running', updated_at = statement_timestamp(), lease_token = %(token)s,
+            lease_expires_at = statement_timestamp() + %(lease)s, attempt = r.attempt + 1,
+            started_at = COALESCE(r.started_at, statement_timestamp()),
             waiting_on = '[]'::jsonb, wake_at = NULL
         WHERE r.id = %(id)s AND r.status = 'queued' AND (
             r.started_at IS NULL
@@ -188,7 +188,7 @@ def _take_queued_sql(*, held: bool) -> str:
     ), e AS (
         INSERT INTO pipelines_runevent (run_id, from_status, to_status, reason, message, data, actor_id, created_at)
         SELECT u.id, 'queued', 'running', CASE WHEN u.attempt = 1 THEN 'Started' ELSE 'Continued' END, '',
-            jsonb_build_object('attempt', u.attempt), NULL, %(now)s
+            jsonb_build_object('attempt', u.attempt), NULL, u.updated_at
         FROM u
     ){held_lease}
     SELECT {select_columns(Run, "u")}, {select_columns(Pipeline, "p")}, {select_columns(Revision, "v")},
