@@ -171,36 +171,34 @@ def sequence_next(name: str, *, taken: str, params: Sequence[Any] = ()) -> int:
             return int(cursor.fetchone()[0])
 
 
-def sequences_next(wanted: Sequence[tuple[str, str, Sequence[Any]]]) -> list[int]:
+def sequences_next(wanted: Sequence[tuple[str, str, Sequence[Any]]], *, lock: int | None = None) -> list[int]:
     """``sequence_next`` of several sequences, each ``(name, taken, params)``, in one round trip
-    when they all exist (any made on first use is made as ``sequence_next`` makes it)."""
+    when they all exist (any made on first use is made as ``sequence_next`` makes it). ``lock``:
+    the advisory lock taken in the same statement, held to the end of the transaction."""
     with connection.cursor() as cursor:
         calls = ", ".join(["nextval(to_regclass(%s))"] * len(wanted))
-        cursor.execute(f"SELECT {calls}", [name for name, _taken, _params in wanted])
-        values = cursor.fetchone()
+        params: list[Any] = [name for name, _taken, _params in wanted]
+        if lock is not None:
+            calls, params = f"{calls}, pg_advisory_xact_lock(%s)", [*params, lock]
+        cursor.execute(f"SELECT {calls}", params)
+        values = cursor.fetchone()[: len(wanted)]
     return [
         int(value) if value is not None else sequence_next(name, taken=taken, params=params)
         for value, (name, taken, params) in zip(values, wanted, strict=True)
     ]
 
 
-def insert_json_groups(groups: Sequence[tuple[type[Model], JsonRows]], *, lock: int | None = None) -> None:
+def insert_json_groups(groups: Sequence[tuple[type[Model], JsonRows]]) -> None:
     """INSERT rows of several models (each model's rows as ``json_rows`` made them), auto ids
     not set, in one prepared PostgreSQL statement: a data-modifying CTE per model (foreign
     keys are checked at commit). For a path every run start takes, where a round trip and an
-    ORM insert per row cost more than the rows. ``lock``: the advisory lock taken in the same
-    statement, held to the end of the transaction."""
+    ORM insert per row cost more than the rows."""
     if not is_postgresql():
         raise RuntimeError("insert_json_groups writes through PostgreSQL's jsonb_to_recordset")
     parts = [f"i{i} AS ({insert_select(model, found)})" for i, (model, found) in enumerate(groups)]
     params: list[Any] = [found.param for _model, found in groups]
-    tail = "SELECT 1"
-    if lock is not None:
-        parts.insert(0, "l AS (SELECT pg_advisory_xact_lock(%s))")
-        params.insert(0, lock)
-        tail = "SELECT 1 FROM l"  # a CTE that only reads runs only when read
     with prepared_cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(parts)} {tail}", params)
+        cursor.execute(f"WITH {', '.join(parts)} SELECT 1", params)
 
 
 def closes_connections(fn: Callable[P, T]) -> Callable[P, T]:

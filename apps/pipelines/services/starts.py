@@ -68,15 +68,12 @@ def _create_run(
     trigger: Trigger | None = None,
     numbers: tuple[int, int] | None = None,
     run_id: uuid.UUID | None = None,
-    send_first: bool = False,
     sent: bool = False,
 ) -> Run:
-    """``send_first`` (PostgreSQL): nothing is left of the caller's transaction but its commit;
-    a queued run is sent to a worker before it (``run_enqueue_before_commit``), unless ``sent``:
-    the run ``run_id`` went to a worker already, under ``run_start_lock_key(run_id)`` taken by
-    the transaction's first statement."""
+    """``sent``: the run ``run_id`` went to a worker already (``run_enqueue_before_commit``),
+    under ``run_start_lock_key(run_id)`` taken with its numbers; else a queued run is sent once
+    the caller's transaction commits."""
     pg = is_postgresql()
-    send_first = send_first and pg and status == RunStatus.QUEUED and not sent
     if pg:  # the run's number and its tree's in one round trip (or drawn with the pipeline's row)
         number, tree_id = numbers or _numbers_next(row)
         root, root_event = records.run_root_rows(
@@ -91,7 +88,7 @@ def _create_run(
         root = records.record_create_root(
             kind="graphene.run", name=f"{row.name}#{number}", namespace=row.namespace, actor=actor
         )
-    if status == RunStatus.QUEUED and not send_first and not sent:
+    if status == RunStatus.QUEUED and not sent:
         # Before the run's own notifications: after the commit a worker is told first, watchers next.
         run_enqueue_on_commit(root.pk)
     deadline = timezone.now() + definition.timeout if definition.timeout and status == RunStatus.QUEUED else None
@@ -125,14 +122,11 @@ def _create_run(
     event = run_created_row(run=run, reason=reason, message=message, actor=actor)
     audit_row = run_audit_row("run.start", run, actor=actor, before=None, status=status)
     insert_json_groups(
-        [*rows, (RunEvent, json_rows(RunEvent, [event])), (AuditEntry, json_rows(AuditEntry, [audit_row]))],
-        lock=run_start_lock_key(run.pk) if send_first else None,
+        [*rows, (RunEvent, json_rows(RunEvent, [event])), (AuditEntry, json_rows(AuditEntry, [audit_row]))]
     )
     run._state.adding, run._state.db = False, connection.alias
     records.run_root_written(root)
     run_told(run)
-    if send_first:
-        run_enqueue_before_commit(run.pk)
     return run
 
 
@@ -140,33 +134,37 @@ def _run_number_sequence(row: Pipeline) -> str:
     return f"pipelines_run_number_{int(row.pk)}"
 
 
-def _numbers_next(row: Pipeline) -> tuple[int, int]:
-    """A new run's number and its tree's id (PostgreSQL)."""
+def _numbers_next(row: Pipeline, lock: int | None = None) -> tuple[int, int]:
+    """A new run's number and its tree's id (PostgreSQL), with the advisory lock ``lock``
+    taken in the same round trip when given."""
     number, tree_id = sequences_next(
-        [(_run_number_sequence(row), _RUN_NUMBER_TAKEN, [row.pk]), (TREE_ID_SEQUENCE, _TREE_ID_TAKEN, [])]
+        [(_run_number_sequence(row), _RUN_NUMBER_TAKEN, [row.pk]), (TREE_ID_SEQUENCE, _TREE_ID_TAKEN, [])],
+        lock=lock,
     )
     return number, tree_id
 
 
 def _start_row(
     definition: Definition[Any, Any], *, seen: Pipeline | None, turns: bool, lock: int | None
-) -> tuple[Pipeline, tuple[int, int] | None, bool]:
+) -> tuple[Pipeline, tuple[int, int] | None]:
     """The pipeline's row for a start (``pipeline_sync``; locked when the start ``turns``), and,
-    for a ``parallel`` start on PostgreSQL whose row was not read yet, the new run's number and
-    its tree's id drawn in the statement that reads it: one round trip fewer on every start.
-    That statement takes the advisory lock ``lock`` too, when given: the last value says it did."""
-    if turns or seen is not None or not is_postgresql():
-        return pipeline_sync(definition, row=None if turns else seen, lock=turns), None, False
-    found = pipeline_row_with(
-        definition.name, *((_NUMBERS_DRAWN,) if lock is None else (_NUMBERS_DRAWN_LOCKED, [lock]))
-    )
-    if found is None:  # its first start: the row is made
-        return pipeline_sync(definition), None, False
+    for a ``parallel`` start on PostgreSQL, the new run's number and its tree's id, drawn with
+    the advisory lock ``lock`` (when given) taken in the same statement: the one that reads the
+    row when it was not read yet (one round trip fewer on every start)."""
+    if turns or not is_postgresql():
+        return pipeline_sync(definition, row=None if turns else seen, lock=turns), None
+    found = None
+    if seen is None:
+        extra = (_NUMBERS_DRAWN,) if lock is None else (_NUMBERS_DRAWN_LOCKED, [lock])
+        found = pipeline_row_with(definition.name, *extra)
+    if found is None:  # read already (a delivered revision's, a trigger's), or its first start: made
+        row = pipeline_sync(definition, row=seen)
+        return row, _numbers_next(row, lock)
     row, (number, tree_id, *_) = found
     row = pipeline_sync(definition, row=row)
     if number is None or tree_id is None:  # a sequence is made on first use
-        return row, _numbers_next(row), lock is not None
-    return row, (int(number), int(tree_id)), lock is not None
+        return row, _numbers_next(row)
+    return row, (int(number), int(tree_id))
 
 
 _RUN_NUMBER_TAKEN = "SELECT MAX(number) FROM pipelines_run WHERE pipeline_id = %s"
@@ -278,15 +276,15 @@ def run_start(
     row: Pipeline | None = None
     outermost = not connection.in_atomic_block  # its commit ends the start
     run_id = uuid.uuid4()
-    # A parallel start that is its own transaction sends its run to a worker as soon as its
-    # first statement holds the run's start lock (``run_enqueue_before_commit``): the message's
-    # way to the worker overlaps the rows' making, their writing and the commit.
+    # A parallel start that is its own transaction sends its run to a worker as soon as the
+    # statement drawing its numbers has taken the run's start lock (``run_enqueue_before_commit``):
+    # the message's way to the worker overlaps the rows' making, their writing and the commit.
     lock = run_start_lock_key(run_id) if outermost and not turns and is_postgresql() else None
     try:
         with transaction.atomic():
             while True:
                 # Unlocked, the row just read serves (read again, it would be no fresher).
-                row, numbers, locked = _start_row(definition, seen=seen, turns=turns, lock=lock)
+                row, numbers = _start_row(definition, seen=seen, turns=turns, lock=lock)
                 pinned = revision or row.revision
                 if pinned is not None and revision is None:
                     # The revision active now (activation may have moved it since ``definition_get``).
@@ -302,7 +300,7 @@ def run_start(
             looks_up = trigger is None or turns
             if idempotency_key is not None and looks_up and (earlier := _replay(row, idempotency_key, clean)):
                 return earlier
-            sent = locked and not turns
+            sent = lock is not None and not turns
             if sent:
                 run_enqueue_before_commit(run_id)
             status, reason = RunStatus.QUEUED, "Started"
@@ -338,8 +336,6 @@ def run_start(
                 trigger=trigger,
                 numbers=numbers,
                 run_id=run_id,
-                # A parallel start's transaction ends with the run: the worker may hear of it first.
-                send_first=outermost and not turns,
                 sent=sent,
             )
     except IntegrityError:
