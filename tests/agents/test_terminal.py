@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 from websockets.sync.client import ClientConnection
 from websockets.typing import Origin
 
@@ -77,10 +77,21 @@ class Terminal:
         self.output = b""
 
     def control(self, timeout: float = 30) -> dict[str, Any]:
-        """The next JSON message, collecting terminal output that comes before it."""
+        """The next JSON message, collecting terminal output that comes before it.
+
+        A refusal is an error message and then a close with the same code and text as reason.
+        When the server's end is gone before this client has answered the close, the websockets
+        client drops the frames it read with it (its reply fails: ``SSLEOFError``), the message
+        among them: the refusal is then read from the close."""
         deadline = time.monotonic() + timeout
         while True:
-            message = self.ws.recv(timeout=max(0.01, deadline - time.monotonic()))
+            try:
+                message = self.ws.recv(timeout=max(0.01, deadline - time.monotonic()))
+            except ConnectionClosedError:
+                code, reason = self.ws.close_code, self.ws.close_reason
+                if code is None or code < 4000 or not isinstance(self.ws.recv_exc, OSError):
+                    raise
+                return {"type": "error", "error": reason, "code": code}
             if isinstance(message, bytes):
                 self.output += message
                 continue
