@@ -106,7 +106,7 @@ def drive(transactional_db: None, monkeypatch: pytest.MonkeyPatch) -> Driver:
     """The in-process driver: tasks sent during the test are captured and run in this process
     by ``drive.run_until(...)`` (``tests/harness/driver.py``). Whatever is still pending at the
     end (a timer for later) is dropped with the test's data."""
-    from celery.app.task import Task
+    from graphene_project.celery import Task
 
     driver = Driver()
 

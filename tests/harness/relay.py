@@ -81,6 +81,9 @@ class Relay:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if not self._open:  # came in as the relay was cut
+                self._close(client)
+                return
             threading.Thread(target=self._serve, args=(self._track(client),), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
@@ -142,6 +145,10 @@ class Relay:
     def cut(self) -> None:
         """Refuse new connections and drop every open one, as a server that went away."""
         self._open = False
+        # Shut down first: a thread blocked in accept() keeps the socket listening after close(),
+        # and would take (and relay) one more connection.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             live = list(self._sockets)

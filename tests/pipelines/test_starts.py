@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery.app.task import Task
 from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -23,6 +22,7 @@ from apps.pipelines import services
 from apps.pipelines.choices import RunStatus
 from apps.pipelines.models import Run, RunEvent
 from apps.records.models import Event, Record
+from graphene_project.celery import Task
 from tests.harness.wait import wait_for
 
 
