@@ -64,7 +64,7 @@ class Task(celery.Task[Any, Any]):
             or signals.before_task_publish.receivers
             or signals.after_task_publish.receivers
         ):
-                return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         return direct.send(self, tuple(args or ()), options.get("countdown"))
 
 

@@ -302,7 +302,10 @@ def _recordset(model: type[Model], exclude: tuple[str, ...]) -> tuple[list[Field
     ]
     quote = connection.ops.quote_name
     columns = [quote(f.column) for f in fields]
-    return fields, columns, ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+    # The short name of a type the list repeats: statements stay short (psycopg keeps its parse
+    # of a statement of up to 4 KiB, and parses a longer one again at each execution).
+    types = [str(f.db_type(connection)).replace("timestamp with time zone", "timestamptz") for f in fields]
+    return fields, columns, ", ".join(f"{column} {type_}" for column, type_ in zip(columns, types, strict=True))
 
 
 def insert_rows(model: type[Model], rows: Sequence[Model]) -> None:

@@ -348,20 +348,38 @@ WITH RECURSIVE up AS (
     WHERE ok.grow_by > 0 AND NOT ok.on_edge AND r.tree_id = ok.tree_id AND r.lft > ok.rght
 ), ins AS (
     INSERT INTO records_record ({record_columns}, lft, rght, tree_id, level)
-    SELECT {record_select}, ok.rght - ok.tree_slack, ok.rght - ok.tree_slack + 1, ok.tree_id, ok.level + 1
+    SELECT x.*, ok.rght - ok.tree_slack, ok.rght - ok.tree_slack + 1, ok.tree_id, ok.level + 1
     FROM ok, jsonb_to_recordset(%(record)s::jsonb) AS x({record_recordset})
     RETURNING lft, rght, tree_id, level
 ), ev AS (
     INSERT INTO records_event ({event_columns})
-    SELECT {event_columns} FROM jsonb_to_recordset(%(events)s::jsonb) AS x({event_recordset})
+    SELECT x.* FROM jsonb_to_recordset(%(events)s::jsonb) AS x({event_recordset})
     WHERE EXISTS (SELECT 1 FROM ins)
 ), au AS (
     INSERT INTO core_auditentry ({audit_columns})
-    SELECT {audit_columns} FROM jsonb_to_recordset(%(audit)s::jsonb) AS x({audit_recordset})
+    SELECT x.* FROM jsonb_to_recordset(%(audit)s::jsonb) AS x({audit_recordset})
     WHERE EXISTS (SELECT 1 FROM ins)
 )
 SELECT o.tree_id, o.phase, o.deletion_requested_at, i.lft, i.rght, i.tree_id, i.level FROM o LEFT JOIN ins i ON true
 """
+
+
+@functools.cache
+def _insert_child_sql(*columns_and_recordsets: tuple[str, str]) -> str:
+    """``_INSERT_CHILD`` for the record's, the events' and the audit row's columns (the same in
+    every call of a process), its whitespace collapsed: under 4 KiB, psycopg keeps its parse of
+    the statement instead of parsing it again at each execution (``x.*`` instead of the column
+    lists helps too: a recordset's columns come in the order of the insert's)."""
+    (record, record_set), (event, event_set), (audit, audit_set) = columns_and_recordsets
+    sql = _INSERT_CHILD.format(
+        record_columns=record,
+        record_recordset=record_set,
+        event_columns=event,
+        event_recordset=event_set,
+        audit_columns=audit,
+        audit_recordset=audit_set,
+    )
+    return " ".join(sql.split()).replace(", ", ",").replace("( ", "(").replace(" )", ")")
 
 
 def _insert_child(record: Record, owner: Record, tree_id: int, events: list[Event], row: AuditEntry) -> bool:
@@ -375,11 +393,7 @@ def _insert_child(record: Record, owner: Record, tree_id: int, events: list[Even
         "event": json_rows(Event, events),
         "audit": json_rows(AuditEntry, [row]),
     }
-    sql = _INSERT_CHILD.format(
-        **{f"{name}_columns": ", ".join(rows.columns) for name, rows in found.items()},
-        **{f"{name}_recordset": rows.recordset for name, rows in found.items()},
-        record_select=", ".join(f"x.{column}" for column in found["record"].columns),
-    )
+    sql = _insert_child_sql(*((", ".join(rows.columns), rows.recordset) for rows in found.values()))
     params = {
         "owner": owner.pk,
         "tree": tree_id,
