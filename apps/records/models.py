@@ -220,7 +220,9 @@ class Event(models.Model):
     """Append-only history of a record: phase changes, errors, transfers, user actions."""
 
     id = models.BigAutoField(primary_key=True)
-    record = models.ForeignKey(Record, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: ``event_record_id`` (record, id) serves every look-up by record, and
+    # each event written would update both.
+    record = models.ForeignKey(Record, on_delete=models.CASCADE, related_name="events", db_index=False)
     type = models.CharField(max_length=40, choices=EventType.choices)
     reason = models.CharField(max_length=80, blank=True)
     message = models.TextField(blank=True)
