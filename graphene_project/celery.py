@@ -35,14 +35,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "graphene_project.settings.dev")
 class Task(celery.Task[Any, Any]):
     """The base of Graphene's tasks (``app.Task``).
 
-    A send with positional arguments and at most a countdown, to a Redis broker, is Celery's own
-    message (``amqp.create_task_message``) pushed onto the queue's list with one LPUSH, as
-    kombu's Redis transport pushes it (``_Direct``). ``apply_async`` spends about 0.4 ms more on
-    that message: settings looked up through Django's on each send, a producer from the pool,
-    the queue's declaration checked, and a new Redis client for each message in kombu's Redis
-    transport. That is a fifth of a record's declaration or a run's start, each of which sends
-    one. Any other send, an eager one (tests), or one that a publish signal's receiver watches
-    goes through ``apply_async`` as it is."""
+    A send with positional arguments and at most a countdown, of a task without options of its
+    own (``_plain``), to a Redis broker, is Celery's own message (``amqp.create_task_message``)
+    pushed onto the queue's list with one LPUSH, as kombu's Redis transport pushes it
+    (``_Direct``), after the same check of the arguments against the task's signature.
+    ``apply_async`` spends about 0.4 ms more on that message: settings looked up through
+    Django's on each send, a producer from the pool, the queue's declaration checked, and a new
+    Redis client for each message in kombu's Redis transport. That is a fifth of a record's
+    declaration or of a run's start, each of which sends one. Any other send, an eager one
+    (tests), or one that a publish signal's receiver watches goes through ``apply_async`` as it
+    is."""
 
     def apply_async(
         self,
@@ -56,7 +58,9 @@ class Task(celery.Task[Any, Any]):
         **options: Any,
     ) -> Any:
         direct = None
-        if not (kwargs or task_id or producer or link or link_error or shadow or options.keys() - {"countdown"}):
+        if self._plain() and not (
+            kwargs or task_id or producer or link or link_error or shadow or options.keys() - {"countdown"}
+        ):
             direct = _direct(self.app)
         if (
             direct is None
@@ -65,7 +69,22 @@ class Task(celery.Task[Any, Any]):
             or signals.after_task_publish.receivers
         ):
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        if self.typing:  # as apply_async: arguments the task cannot take are a TypeError here
+            self.__header__(*(args or ()))  # type: ignore[attr-defined]  # Celery's, not in its stubs
         return direct.send(self, tuple(args or ()), options.get("countdown"))
+
+    def _plain(self) -> bool:
+        """Whether the task's own options leave its message as plain as the direct send makes
+        it: no queue, routing, priority, serializer, compression or time limits of its own, no
+        pydantic arguments, no shadow name."""
+        options = self._get_exec_options()  # type: ignore[attr-defined]  # Celery's, not in its stubs
+        return (
+            options.get("serializer") in (None, "json")
+            and not any(value for name, value in options.items() if name != "serializer")
+            and getattr(self, "_dump_pydantic_arguments", None) is None
+            and not self.__v2_compat__
+            and type(self).shadow_name is celery.Task.shadow_name
+        )
 
 
 class _Direct:

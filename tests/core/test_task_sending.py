@@ -92,6 +92,30 @@ def test_a_send_with_other_options_goes_through_apply_async(probe_app: tuple[Cel
     assert timedelta(seconds=30) < expires - datetime.now().astimezone() <= timedelta(seconds=60)
 
 
+def test_a_task_with_options_of_its_own_is_sent_through_apply_async(
+    probe_app: tuple[Celery, Any, redis.Redis],
+) -> None:
+    """A time limit set on the task is one the direct path does not make: the message carries it."""
+    app, _probe, client = probe_app
+
+    @app.task(name="tests.send_limited", time_limit=30)
+    def limited(record_id: str) -> None:
+        raise AssertionError(record_id)
+
+    limited.apply_async((str(uuid.uuid4()),))
+    (message,) = _pushed(client, app.conf.task_default_queue)
+    assert message["headers"]["timelimit"] == [30, None]
+
+
+def test_arguments_the_task_cannot_take_are_refused_before_anything_is_sent(
+    probe_app: tuple[Celery, Any, redis.Redis],
+) -> None:
+    app, probe, client = probe_app
+    with pytest.raises(TypeError, match="argument"):
+        probe.apply_async(("one", "two"))
+    assert _pushed(client, app.conf.task_default_queue) == []
+
+
 def test_a_send_to_a_broker_that_cannot_be_reached_is_an_operational_error() -> None:
     with socket.socket() as free:  # a port nothing listens on
         free.bind(("127.0.0.1", 0))
