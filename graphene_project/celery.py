@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import celery
-import redis
 from celery import Celery, signals
 from celery.signals import (
     task_postrun,
@@ -98,6 +97,8 @@ class _Direct:
     which is what ``apply_async`` raises."""
 
     def __init__(self, app: Celery) -> None:
+        import redis  # here, not at the top: redis-py imports OpenTelemetry, which nothing else may need
+
         conf = app.conf
         policy = conf.task_publish_retry_policy or {}
         self.queue = conf.task_default_queue
@@ -110,6 +111,7 @@ class _Direct:
                 policy.get("max_retries", 3) if conf.task_publish_retry else 0,
             ),
         )
+        self.redis_error: type[Exception] = redis.RedisError
         self.delivery_info = {"exchange": "", "routing_key": self.queue}
         self.base64 = Base64()
 
@@ -148,7 +150,7 @@ class _Direct:
         }
         try:
             self.client.lpush(self.queue, json_dumps(envelope))
-        except redis.RedisError as exc:
+        except self.redis_error as exc:
             raise OperationalError(f"could not send {task.name} to {self.queue}: {exc}") from exc
         return task.AsyncResult(task_id)
 

@@ -393,7 +393,9 @@ def _insert_child(record: Record, owner: Record, tree_id: int, events: list[Even
         "event": json_rows(Event, events),
         "audit": json_rows(AuditEntry, [row]),
     }
-    sql = _insert_child_sql(*((", ".join(rows.columns), rows.recordset) for rows in found.values()))
+    sql = _insert_child_sql(
+        *((", ".join(found[name].columns), found[name].recordset) for name in ("record", "event", "audit"))
+    )
     params = {
         "owner": owner.pk,
         "tree": tree_id,
