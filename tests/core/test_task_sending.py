@@ -20,7 +20,7 @@ from celery import Celery
 from django.conf import settings
 from kombu.exceptions import OperationalError
 
-from graphene_project.celery import Task
+from graphene_project.celery import Task, _direct
 
 
 @pytest.fixture
@@ -64,7 +64,9 @@ def test_a_direct_send_is_the_message_apply_async_sends(
     queue = app.conf.task_default_queue
     record_id = str(uuid.uuid4())
 
+    assert _direct(app) is not None, "Graphene's settings make plain sends direct"
     direct = probe.apply_async((record_id,), countdown=countdown)
+    assert not client.exists(f"_kombu.binding.{queue}"), "sent directly: kombu declared no queue"
     before = datetime.now().astimezone()
     stock = celery.Task.apply_async(probe, (record_id,), countdown=countdown)
     mine, theirs = _pushed(client, queue)
