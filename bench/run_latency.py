@@ -4,7 +4,7 @@ Graphene: ``run_start`` of the pipeline ``bench.first`` (``bench/_runs_pipelines
 only step pushes ``time.time()`` onto a Redis list when it executes. Latency = that time -
 the time just before ``run_start`` was called. It covers the whole path: input validation,
 the transaction creating the run and its root record (whose message to a worker leaves from
-inside it, once its first statement holds the run's start lock), the worker's dequeue,
+inside it, once the statement numbering the run holds its start lock), the worker's dequeue,
 taking the lease (after that transaction's commit), loading the journal, replaying into the
 function and dispatching the step.
 

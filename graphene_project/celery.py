@@ -93,8 +93,9 @@ class _Direct:
     body for the task, in the envelope of kombu's Redis transport (the body JSON then base64,
     the delivery info of the default direct exchange, priority 0: the queue's own list). One
     client per process, whose connection pool serves every thread; a failed push is retried
-    as ``task_publish_retry_policy`` says and then raised as kombu's ``OperationalError``,
-    which is what ``apply_async`` raises."""
+    ``task_publish_retry_policy``'s ``max_retries`` times, ``interval_step`` apart (none when
+    ``task_publish_retry`` is off), and then raised as kombu's ``OperationalError``, which is
+    what ``apply_async`` raises."""
 
     def __init__(self, app: Celery) -> None:
         import redis  # here, not at the top: redis-py imports OpenTelemetry, which nothing else may need

@@ -300,6 +300,7 @@ def run_start(
             looks_up = trigger is None or turns
             if idempotency_key is not None and looks_up and (earlier := _replay(row, idempotency_key, clean)):
                 return earlier
+            # Not when the revision activated meanwhile takes turns (the loop above): its run may wait.
             sent = lock is not None and not turns
             if sent:
                 run_enqueue_before_commit(run_id)

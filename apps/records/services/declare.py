@@ -364,20 +364,24 @@ SELECT o.tree_id, o.phase, o.deletion_requested_at, i.lft, i.rght, i.tree_id, i.
 """
 
 
+# The columns the statement sets itself (the new record's place), not from its JSON row.
+_TREE_COLUMNS = ("lft", "rght", "tree_id", "level")
+
+
 @functools.cache
-def _insert_child_sql(*columns_and_recordsets: tuple[str, str]) -> str:
-    """``_INSERT_CHILD`` for the record's, the events' and the audit row's columns (the same in
-    every call of a process), its whitespace collapsed: under 4 KiB, psycopg keeps its parse of
-    the statement instead of parsing it again at each execution (``x.*`` instead of the column
-    lists helps too: a recordset's columns come in the order of the insert's)."""
-    (record, record_set), (event, event_set), (audit, audit_set) = columns_and_recordsets
+def _insert_child_sql() -> str:
+    """``_INSERT_CHILD`` for the columns of records, events and audit rows (made once per
+    process), its whitespace collapsed: under 4 KiB, psycopg keeps its parse of the statement
+    instead of parsing it again at each execution (``x.*`` instead of the column lists helps
+    too: a recordset's columns come in the order of the insert's)."""
+    record, event, audit = json_rows(Record, [], exclude=_TREE_COLUMNS), json_rows(Event, []), json_rows(AuditEntry, [])
     sql = _INSERT_CHILD.format(
-        record_columns=record,
-        record_recordset=record_set,
-        event_columns=event,
-        event_recordset=event_set,
-        audit_columns=audit,
-        audit_recordset=audit_set,
+        record_columns=", ".join(record.columns),
+        record_recordset=record.recordset,
+        event_columns=", ".join(event.columns),
+        event_recordset=event.recordset,
+        audit_columns=", ".join(audit.columns),
+        audit_recordset=audit.recordset,
     )
     return " ".join(sql.split()).replace(", ", ",").replace("( ", "(").replace(" )", ")")
 
@@ -387,26 +391,17 @@ def _insert_child(record: Record, owner: Record, tree_id: int, events: list[Even
     in one statement (the tree's root is locked). Returns False when the owner already has a
     live child of that kind and name (nothing is written); raises ``Conflict`` when the owner is
     gone or being deleted and ``_OwnerMoved`` when it is in another tree now."""
-    tree_columns = ("lft", "rght", "tree_id", "level")
-    found = {
-        "record": json_rows(Record, [record], exclude=tree_columns),
-        "event": json_rows(Event, events),
-        "audit": json_rows(AuditEntry, [row]),
-    }
-    sql = _insert_child_sql(
-        *((", ".join(found[name].columns), found[name].recordset) for name in ("record", "event", "audit"))
-    )
     params = {
         "owner": owner.pk,
         "tree": tree_id,
         "kind": record.kind,
         "name": record.name,
-        "record": found["record"].param,
-        "events": found["event"].param,
-        "audit": found["audit"].param,
+        "record": json_rows(Record, [record], exclude=_TREE_COLUMNS).param,
+        "events": json_rows(Event, events).param,
+        "audit": json_rows(AuditEntry, [row]).param,
     }
     with prepared_cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_insert_child_sql(), params)
         result = cursor.fetchone()
     if result is None:
         raise Conflict(f"owner {owner} ({owner.pk}) no longer exists; it cannot own new records")
