@@ -174,6 +174,26 @@ def start_worker(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, which it drops at the end of the session: first the
+    other sessions on it are ended. Graphene's thread pools (deletion batches, database work,
+    step threads) that tests drive in this process keep a connection per thread, and Django
+    closes only the calling thread's, so PostgreSQL refused the drop and each run left its
+    databases behind. The processes the tests start are stopped by then (their fixtures depend
+    on this one), so nothing still needs a session."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+@pytest.fixture(scope="session")
 def shared_web(
     django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebServer]:
