@@ -68,9 +68,10 @@ class Task(celery.Task[Any, Any]):
             or signals.after_task_publish.receivers
         ):
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        args = tuple(args or ())
         if self.typing:  # as apply_async: arguments the task cannot take are a TypeError here
-            self.__header__(*(args or ()))  # type: ignore[attr-defined]  # Celery's, not in its stubs
-        return direct.send(self, tuple(args or ()), options.get("countdown"))
+            self.__header__(*args)  # type: ignore[attr-defined]  # Celery's, not in its stubs
+        return direct.send(self, args, options.get("countdown"))
 
     def _plain(self) -> bool:
         """Whether the task's own options leave its message as plain as the direct send makes
@@ -161,15 +162,17 @@ _direct_by_app: weakref.WeakKeyDictionary[Celery, _Direct | None] = weakref.Weak
 
 
 def _direct(app: Celery) -> _Direct | None:
-    """The direct sender for ``app``, or None where its message would differ from ``apply_async``'s:
-    a broker that is not plain Redis, routes or queues of one's own, another serializer,
-    compression, priorities, delivery mode, protocol or key prefix. Decided once per process."""
+    """The direct sender for ``app``, or None where its message or its way would differ from
+    ``apply_async``'s: a broker that is not plain Redis (or is reached over TLS), routes or
+    queues of one's own, another serializer, compression, priorities, delivery mode, protocol or
+    key prefix. Decided once per process."""
     if app not in _direct_by_app:
         with _direct_lock:
             if app not in _direct_by_app:
                 conf = app.conf
                 plain = (
                     urlsplit(str(conf.broker_url or "")).scheme == "redis"
+                    and not conf.broker_use_ssl
                     and not conf.task_routes
                     and conf.task_queues is None
                     and conf.task_serializer == "json"

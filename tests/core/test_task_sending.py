@@ -85,6 +85,19 @@ def test_a_direct_send_is_the_message_apply_async_sends(
         assert abs(eta - (before + timedelta(seconds=countdown))) < timedelta(seconds=5)
 
 
+@pytest.mark.parametrize(
+    "tls",
+    [{"broker_url": "rediss://127.0.0.1:6379/0"}, {"broker_use_ssl": {"ssl_cert_reqs": "required"}}],
+    ids=["rediss-url", "broker-use-ssl"],
+)
+def test_a_broker_reached_over_tls_is_left_to_apply_async(tls: dict[str, Any]) -> None:
+    """The direct sender's client speaks plain Redis: a broker behind TLS is kombu's to reach."""
+    app: Celery = Celery("graphene-send-tls", task_cls=Task, set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.update(tls)
+    assert _direct(app) is None
+
+
 def test_a_send_with_other_options_goes_through_apply_async(probe_app: tuple[Celery, Any, redis.Redis]) -> None:
     """``expires`` is one option the direct path does not make: the message still carries it."""
     app, probe, client = probe_app
@@ -124,8 +137,9 @@ def test_a_send_to_a_broker_that_cannot_be_reached_is_an_operational_error() -> 
         port = free.getsockname()[1]
     app: Celery = Celery("graphene-send-nowhere", task_cls=Task, set_as_current=False)
     app.config_from_object("django.conf:settings", namespace="CELERY")
-    app.conf.update(broker_url=f"redis://127.0.0.1:{port}/0")
-    app.conf.task_publish_retry_policy = {"max_retries": 1, "interval_step": 0.05}
+    app.conf.update(
+        broker_url=f"redis://127.0.0.1:{port}/0", task_publish_retry_policy={"max_retries": 1, "interval_step": 0.05}
+    )
 
     @app.task(name="tests.send_nowhere")
     def nowhere(record_id: str) -> None:
